@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
+BUILD_VERSION = 1  # bump when the build changes, so that old caches are not reused
 VOCAB = ["<pad>", "<eos>", "<unk>"] + list("0123456789+=;>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['content'] }}"
@@ -91,7 +92,7 @@ class ToyConfig:
     reward_threshold: float = 0.01
 
     def fingerprint(self) -> str:
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        blob = json.dumps([BUILD_VERSION, dataclasses.asdict(self)], sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
 
 
@@ -317,7 +318,10 @@ def _preference_pairs(model, tokenizer, policy, prompts, cfg, seed):
     scores = reward([p for p in prompts for _ in range(cfg.num_samples)], samples)
     rows = []
     for i, p in enumerate(prompts):
-        group = list(zip(scores[i * cfg.num_samples : (i + 1) * cfg.num_samples], samples[i * cfg.num_samples :]))
+        group = [(s, c) for s, c in zip(scores[i * cfg.num_samples : (i + 1) * cfg.num_samples], samples[i * cfg.num_samples :])
+                 if c.strip()]  # an empty completion is not a valid training example
+        if len(group) < 2:
+            continue
         best, worst = max(group, key=lambda t: t[0]), min(group, key=lambda t: t[0])
         if best[0] - worst[0] >= cfg.reward_threshold:
             rows.append(dict(prompt=p, chosen=best[1], rejected=worst[1], score_chosen=best[0], score_rejected=worst[0]))
