@@ -154,6 +154,9 @@ def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
 # HUMANLINE: the reference takes the policy's weights: a local, in-place copy of each shard
 @torch.no_grad()
 def sync_reference(ref, policy):
+    for model in (ref, policy):
+        if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a no-grad forward
+            model.reshard()
     for r, p in zip(ref.parameters(), policy.parameters()):
         local(r).copy_(local(p))
 
