@@ -1,0 +1,755 @@
+"""Offline, online and humanline KTO in one file.
+
+Humanline (Liu, Muennighoff, Ethayarajh 2025, https://arxiv.org/abs/2509.24207) makes two changes
+to an alignment objective so that offline data trains like online data:
+
+1. syncing: every `--sync_every` k steps, after the gradients are computed and clipped but before
+   `optimizer.step()`, the policy's weights are copied into the reference (so with k = 1 the
+   reference is always the policy of the previous step);
+2. clipping: each token's log-ratio log pi_theta - log pi_ref is clamped to
+   [`--log_eps_P`, `--log_eps_R`] = [-1.5, 1.5] before it enters the loss (no gradient outside).
+
+`grep -n HUMANLINE kto_humanline.py` shows every line that exists because of them.
+
+KTO (appendix C.1) trains on unpaired examples (x, y, desirable?): with r the summed token
+log-ratio of y and z0 a reference point shared by the batch, the loss is
+lambda_D (1 - sigmoid(beta (r - z0))) for a desirable y and lambda_U (1 - sigmoid(beta (z0 - r)))
+for an undesirable one. z0 estimates KL(pi_theta || pi_ref) from mismatched pairs (x_i, y_j), each
+prompt with another example's completion: the mean of their summed (under humanline, clamped)
+log-ratios, floored at 0, with no gradient. Preference pairs are split into one desirable and one
+undesirable example, with twice DPO's batch size so that the step count matches DPO.
+
+Modes
+- `--offline` (default): a fixed dataset, the reference frozen at the initial policy. Unpaired rows
+  (prompt, completion, label) or preference rows (prompt, chosen, rejected), split.
+- `--online`: the paper's Algorithm 1. In rounds of `--round_size` prompts: set the reference to the
+  current policy, sample `--num_samples` completions per prompt from the policy, score them, keep
+  (best, worst) when their score gap is at least `--reward_threshold`, split each pair into a
+  desirable and an undesirable example, train on the round's examples.
+- `--humanline` on top of either (= `--sync humanline --clip clamp`). Ablations: `--sync
+  trust_region` (copy *after* the optimizer step, as in TR-DPO), `--clip sampling` (Beta-based
+  token rejection, humanline_sampling.py), or either change alone.
+
+The KL pairs and z0
+- Pairing: over the step's whole batch, before it is split across processes, example i's prompt
+  takes the completion of example (i + 1) mod n (`kto_kl_pairs`), truncated to `--max_length`.
+  Each micro-batch's KL pairs go through the same forward pass as its examples (one forward per
+  model on [examples; KL pairs]).
+- Estimate: per forward pass, over all processes: the (sum, count) of the KL pairs' log-ratios is
+  all-reduced across processes, then averaged and floored at 0 (`kto_kl_estimate`). With one
+  micro-batch per step (the default) z0 covers the whole batch. With gradient accumulation each
+  micro-step has its own z0, from the batch_size / grad_accum examples of that micro-step over
+  all processes (as in the paper's code, which estimates z0 per forward pass and averages it
+  across devices); a per-step z0 would need a separate forward on the KL pairs before the
+  backward passes. So one process with `--micro_batch_size` m * W trains exactly like W processes
+  with m, and z0 depends on `--micro_batch_size` x processes, not on the number of processes alone.
+
+Deviations from the paper
+- Defaults are for the built-in toy task (toy_task.py: a 0.6M-parameter Llama on 3-digit addition,
+  trained on a laptop CPU in minutes), so the learning rate is much larger than the paper's.
+  The paper's settings are in the commands below.
+- Training length is set in optimizer steps (`--max_steps`); offline data is cycled if needed and
+  online rounds are drawn until the step budget is spent. A round's examples that do not fill a
+  whole batch are dropped.
+- Offline preference pairs are split before shuffling, so a pair's two examples usually land in
+  different batches (online rounds likewise).
+
+Commands
+    python kto_humanline.py                              # offline KTO on the toy task (CPU, ~2 min)
+    python kto_humanline.py --offline --humanline        # offline + humanline
+    python kto_humanline.py --online --humanline         # online + humanline
+    torchrun --standalone --nproc_per_node 2 kto_humanline.py --humanline   # FSDP2, gloo on CPU
+    # the paper's offline+humanline run (Llama3-8B-Instruct, UltraFeedback ArmoRM; 8 GPUs; not run here;
+    # --micro_batch_size 8 x 8 GPUs = the whole batch in one pass, so z0 covers all 64 examples)
+    torchrun --standalone --nproc_per_node 8 kto_humanline.py --offline --humanline \\
+        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct \\
+        --dataset princeton-nlp/llama3-ultrafeedback-armorm --dataset_split train \\
+        --eval_prompts none --learning_rate 5e-6 --max_grad_norm 4.0 --beta 0.25 \\
+        --desirable_weight 1.1 --undesirable_weight 1.0 \\
+        --batch_size 64 --micro_batch_size 8 --max_steps 312 --adam_eps 1e-5 \\
+        --max_prompt_length 1024 --max_length 3072
+"""
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
+
+import humanline_sampling
+import toy_task
+
+
+@dataclass
+class Args:
+    # --- mode ---
+    offline: bool = field(default=False, metadata={"help": "Train on a fixed dataset (the default mode)."})
+    online: bool = field(default=False, metadata={"help": "Algorithm 1: sample pairs from the policy in rounds."})
+    humanline: bool = field(default=False, metadata={"help": "Shorthand for --sync humanline --clip clamp."})
+    # --- model and data ---
+    model_name_or_path: str = field(default="toy", metadata={"help": "'toy' (the built-in task) or a causal LM."})
+    dataset: str = field(default="toy", metadata={
+        "help": "Unpaired (prompt, completion, label) or preference (prompt, chosen, rejected; each pair split "
+                "in two) data: 'toy', 'toy:weak', a hub name or a local json/jsonl/parquet file. Online mode "
+                "uses only its prompts ('toy': the toy train prompts)."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset."})
+    eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts for evaluation ('toy', a file or hub name, 'none')."})
+    reward_model: str = field(default="toy", metadata={
+        "help": "Scorer for online sampling and evaluation: 'toy' (graded), 'toy_verify' (exact), or a "
+                "sequence-classification model path."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
+    max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts keep their last tokens (counted)."})
+    max_length: int = field(default=1024, metadata={"help": "Prompt + completion; longer completions are cut (counted)."})
+    # --- optimisation ---
+    max_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
+    batch_size: int = field(default=64, metadata={"help": "Examples per optimizer step, over all processes (a pair gives two)."})
+    micro_batch_size: int = field(default=64, metadata={"help": "Examples per forward pass per process (plus as many KL pairs)."})
+    learning_rate: float = field(default=2e-5, metadata={"help": "Peak learning rate (paper: 5e-6 offline, 2.5e-6 online)."})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup fraction, then linear decay to 0."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    adam_eps: float = field(default=1e-5, metadata={"help": "AdamW epsilon."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    beta: float = field(default=0.25, metadata={"help": "KTO temperature."})
+    desirable_weight: float = field(default=1.1, metadata={"help": "lambda_D: weight of desirable examples."})
+    undesirable_weight: float = field(default=1.0, metadata={"help": "lambda_U: weight of undesirable examples."})
+    seed: int = field(default=0, metadata={"help": "Random seed (data order, sampling)."})
+    # --- humanline ---
+    sync: str = field(default="none", metadata={"help": "Reference syncing: none | humanline (before the optimizer step) | trust_region (after it)."})
+    sync_every: int = field(default=1, metadata={"help": "k: sync every k optimizer steps."})
+    clip: str = field(default="none", metadata={"help": "Token log-ratio clipping: none | clamp | sampling (Beta rejection)."})
+    log_eps_P: float = field(default=-1.5, metadata={"help": "Lower bound of the token log-ratio."})
+    log_eps_R: float = field(default=1.5, metadata={"help": "Upper bound of the token log-ratio."})
+    sampling_c: float = field(default=humanline_sampling.DEFAULT_C, metadata={"help": "--clip sampling: Beta concentration c (large c = clamp)."})
+    # --- online sampling ---
+    round_size: int = field(default=256, metadata={"help": "Prompts per online round (paper: 1024)."})
+    num_samples: int = field(default=8, metadata={"help": "Completions sampled per prompt."})
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
+    top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling."})
+    max_new_tokens: int = field(default=40, metadata={"help": "Longest sampled completion (paper: 2048)."})
+    reward_threshold: float = field(default=0.01, metadata={"help": "tau: keep a pair only if best - worst >= tau."})
+    generation_batch_size: int = field(default=64, metadata={"help": "Prompts per generate() call per process."})
+    # --- evaluation and checkpoints ---
+    eval_every: int = field(default=20, metadata={"help": "Evaluate every N steps (0: only at the end)."})
+    num_eval_prompts: int = field(default=256, metadata={"help": "Held-out prompts per evaluation."})
+    output_dir: str = field(default="", metadata={"help": "Default: runs/kto-<mode>-seed<seed>."})
+    save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the newest checkpoint in --output_dir."})
+    log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO LOGIC: the loss
+# ----------------------------------------------------------------------------------------------
+
+
+def kto_loss(policy_logps, ref_logps, mask, desirable, kl, beta, lambda_D, lambda_U, log_eps_P=None, log_eps_R=None):
+    """KTO on per-token log-probs (appendix C.1): lambda_D * (1 - sigmoid(beta * (r - kl))) for a
+    desirable example, lambda_U * (1 - sigmoid(beta * (kl - r))) for an undesirable one, r the summed
+    token log-ratios of the completion and kl the batch's reference point z0 (no gradient).
+    logps and mask (batch, seq), mask 1 on completion tokens; desirable a bool tensor (batch,).
+    HUMANLINE: with both bounds, each token log-ratio is clamped to [log_eps_P, log_eps_R] first
+    (a clamped token passes no gradient). Returns (losses (batch,), metrics): rewards/chosen and
+    rewards/rejected hold beta * r of the desirable and of the undesirable examples; rewards/margins
+    the argument of each example's sigmoid, beta * (r - kl) or beta * (kl - r) (as DPO's margins are),
+    rewards/accuracies whether it is positive."""
+    ratio = policy_logps - ref_logps
+    if log_eps_P is not None and log_eps_R is not None:  # HUMANLINE: clip each token's log-ratio
+        ratio = ratio.clamp(log_eps_P, log_eps_R)
+    r = (ratio * mask).sum(-1)
+    kl = torch.as_tensor(kl, dtype=r.dtype, device=r.device).detach()
+    logits = torch.where(desirable, beta * (r - kl), beta * (kl - r))
+    losses = torch.where(desirable, r.new_tensor(lambda_D), r.new_tensor(lambda_U)) * torch.sigmoid(-logits)  # = 1 - sigmoid
+    rewards = beta * r.detach()
+    metrics = {
+        "rewards/chosen": rewards[desirable],
+        "rewards/rejected": rewards[~desirable],
+        "rewards/margins": logits.detach(),
+        "rewards/accuracies": (logits.detach() > 0).float(),
+        "kl": kl.reshape(1),
+    }
+    return losses, metrics
+
+
+def kto_kl_estimate(policy_kl_logps, ref_kl_logps, kl_mask, log_eps_P=None, log_eps_R=None, all_reduce=None):
+    """z0, the KTO reference point: the mean over the mismatched pairs of their summed token log-ratios,
+    floored at 0, with no gradient. Per-token tensors (batch, seq), mask 1 on completion tokens.
+    HUMANLINE: with both bounds the token log-ratios are clamped, as in the loss.
+    `all_reduce` (e.g. torch.distributed.all_reduce) sums (sum, count) across processes before the
+    mean, so that z0 is the mean over every process's pairs and is floored only once, after it."""
+    ratio = (policy_kl_logps - ref_kl_logps).detach()
+    if log_eps_P is not None and log_eps_R is not None:  # HUMANLINE: the KL pairs are clamped too
+        ratio = ratio.clamp(log_eps_P, log_eps_R)
+    r = (ratio * kl_mask).sum(-1)
+    total = torch.stack([r.sum(), r.new_tensor(float(r.numel()))])
+    if all_reduce is not None:
+        all_reduce(total)
+    return (total[0] / total[1]).clamp(min=0)
+
+
+def kto_kl_pairs(examples, max_length):
+    """The mismatched (prompt_ids, completion_ids) pairs of a batch of (prompt_ids, completion_ids,
+    desirable): example i's prompt with example (i + 1) mod n's completion, cut to max_length tokens."""
+    n = len(examples)
+    if n < 2:
+        raise ValueError("the KL estimate needs at least two examples per batch")
+    return [(p, examples[(i + 1) % n][1][: max(0, max_length - len(p))]) for i, (p, _, _) in enumerate(examples)]
+
+
+# HUMANLINE: the fraction of completion tokens whose log-ratio lies outside the clip range
+def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
+    ratio = (policy_logps - ref_logps).detach()
+    outside = ((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask
+    return outside.sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+# HUMANLINE: the reference takes the policy's weights: a local, in-place copy of each shard
+@torch.no_grad()
+def sync_reference(ref, policy):
+    for model in (ref, policy):
+        if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a no-grad forward
+            model.reshard()
+    for r, p in zip(ref.parameters(), policy.parameters()):
+        local(r).copy_(local(p))
+
+
+def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_every, step):
+    """Clip the gradients, then update; syncing every `sync_every` steps (step counted from 0):
+    `humanline` copies the policy into the reference *before* the update (the reference then holds
+    the pre-update weights), `trust_region` (TR-DPO, the ablation) *after* it. Returns the grad norm."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+    due = (step + 1) % sync_every == 0
+    if sync == "humanline" and due:
+        sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the step
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if sync == "trust_region" and due:
+        sync_reference(ref, policy)
+    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+
+
+def local(t):
+    """The local shard of an FSDP2 parameter (DTensor), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+# ----------------------------------------------------------------------------------------------
+# Data: validation, chat templates, tokenisation, collation
+# ----------------------------------------------------------------------------------------------
+
+
+def as_text(value, row, column, tokenizer, prompt=None, allow_empty=False):
+    """A prompt or completion as text: plain strings as they are; conversational lists of
+    {"role", "content"} through the chat template (completions after their prompt). Only sampled
+    completions (online rounds) may be empty."""
+    where = f"row {row}, column '{column}'"
+    if isinstance(value, str):
+        if not value.strip() and not allow_empty:
+            raise ValueError(f"{where}: empty text")
+        return value if prompt is None else value + tokenizer.eos_token
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}")
+    for m in value:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise ValueError(f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"{where}: message content must be a string, got {m.get('content')!r}")
+    if prompt is None:
+        return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+    if not isinstance(prompt, list):
+        raise ValueError(f"{where}: a conversational completion needs a conversational prompt")
+    prefix = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(prompt + value, tokenize=False)
+    return full[len(prefix):]
+
+
+def encode(tokenizer, prompt_text, completion_text, args, counts):
+    """Token ids of one (prompt, completion), truncated per --max_prompt_length / --max_length."""
+    add_special = tokenizer.chat_template is None or not prompt_text.startswith(tokenizer.bos_token or "\0")
+    p = tokenizer(prompt_text, add_special_tokens=add_special)["input_ids"]
+    c = tokenizer(completion_text, add_special_tokens=False)["input_ids"]
+    if len(p) > args.max_prompt_length:
+        p, counts["truncated_prompts"] = p[-args.max_prompt_length:], counts["truncated_prompts"] + 1
+    if len(p) + len(c) > args.max_length:
+        c, counts["truncated_completions"] = c[: args.max_length - len(p)], counts["truncated_completions"] + 1
+    return p, c
+
+
+def encode_examples(rows, tokenizer, args, sampled=False):
+    """Validated, tokenised KTO examples: list of (prompt_ids, completion_ids, desirable). An unpaired
+    row (prompt, completion, label) gives one example, a preference row (prompt, chosen, rejected) two:
+    the chosen completion desirable, the rejected one undesirable."""
+    counts = {"truncated_prompts": 0, "truncated_completions": 0}
+    examples = []
+    for i, row in enumerate(rows):
+        unpaired = row.get("completion") is not None or row.get("label") is not None
+        for column in ("prompt", "completion", "label") if unpaired else ("prompt", "chosen", "rejected"):
+            if column not in row or row[column] is None:
+                raise ValueError(f"row {i}: missing column '{column}' (KTO data needs prompt, completion, label "
+                                 "or prompt, chosen, rejected)")
+        prompt = as_text(row["prompt"], i, "prompt", tokenizer)
+        if unpaired:
+            if not isinstance(row["label"], (bool, np.bool_)):
+                raise ValueError(f"row {i}, column 'label': expected a boolean (is the completion desirable?), "
+                                 f"got {row['label']!r}")
+            completions = [(as_text(row["completion"], i, "completion", tokenizer, prompt=row["prompt"],
+                                    allow_empty=sampled), bool(row["label"]))]
+        else:
+            chosen = as_text(row["chosen"], i, "chosen", tokenizer, prompt=row["prompt"], allow_empty=sampled)
+            rejected = as_text(row["rejected"], i, "rejected", tokenizer, prompt=row["prompt"], allow_empty=sampled)
+            if chosen == rejected:
+                raise ValueError(f"row {i}, columns 'chosen'/'rejected': identical completions")
+            completions = [(chosen, True), (rejected, False)]  # ALGO LOGIC: a pair gives two examples
+        for completion, desirable in completions:
+            p, c = encode(tokenizer, prompt, completion, args, counts)
+            examples.append((p, c, desirable))
+    return examples, counts
+
+
+def collate(sequences, pad_id, device):
+    """Right-padded (input_ids, attention_mask, loss_mask) for (prompt_ids, completion_ids) pairs,
+    padded to the longest sequence of this micro-batch only."""
+    width = max(len(p) + len(c) for p, c in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(sequences), width, dtype=torch.long)
+    loss_mask = torch.zeros(len(sequences), width)
+    for j, (p, c) in enumerate(sequences):
+        ids[j, : len(p) + len(c)] = torch.tensor(p + c)
+        attn[j, : len(p) + len(c)] = 1
+        loss_mask[j, len(p): len(p) + len(c)] = 1
+    return ids.to(device), attn.to(device), loss_mask.to(device)
+
+
+def token_logps(model, input_ids, attention_mask, loss_mask):
+    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    labels = input_ids[:, 1:, None]
+    logps = logits.gather(-1, labels).squeeze(-1) - logits.logsumexp(-1)
+    return logps * loss_mask[:, 1:]
+
+
+def load_rows(name, split, toy_paths, kind):
+    """Rows of a dataset: 'toy' names, a local file, or a hub dataset."""
+    import datasets
+
+    if name.startswith("toy"):
+        source = name.split(":")[1] if ":" in name else "strong"
+        files = {"preferences": toy_paths.offline[source], "prompts": toy_paths.prompts_train, "eval": toy_paths.prompts_test}
+        name, split = files[kind], "train"
+    if os.path.exists(name):  # a local file has a single split
+        ext = os.path.splitext(name)[1].lstrip(".")
+        ds = datasets.load_dataset({"jsonl": "json"}.get(ext, ext), data_files=name, split="train")
+    else:
+        ds = datasets.load_dataset(name, split=split)
+    return ds.to_list()
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO LOGIC: sampling, scoring and pairing (online rounds and evaluation)
+# ----------------------------------------------------------------------------------------------
+
+
+def make_scorer(name, tokenizer, device, args):
+    """reward(prompts, completions) -> list of floats: a built-in function or a reward model."""
+    builtin = {"toy": toy_task.reward, "toy_verify": toy_task.verify}
+    if name in builtin:
+        return builtin[name]
+    rm = AutoModelForSequenceClassification.from_pretrained(name, trust_remote_code=args.trust_remote_code).to(device).eval()
+    rm_tok = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+
+    @torch.no_grad()
+    def score(prompts, completions, **_):
+        if rm_tok.chat_template and isinstance(prompts[0], list):
+            texts = [rm_tok.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False)
+                     for p, c in zip(prompts, completions)]
+        else:
+            texts = [p + c for p, c in zip(prompts, completions)]
+        enc = rm_tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=args.max_length).to(device)
+        return rm(**enc).logits[:, 0].float().tolist()
+
+    return score
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_texts, n, args, greedy, seed):
+    """n completions per prompt (grouped per prompt), in batches of --generation_batch_size prompts."""
+    model.eval()
+    torch.manual_seed(seed)
+    tokenizer.padding_side = "left"
+    out = []
+    for i in range(0, len(prompt_texts), args.generation_batch_size):
+        enc = tokenizer(prompt_texts[i: i + args.generation_batch_size], return_tensors="pt", padding=True,
+                        add_special_tokens=tokenizer.chat_template is None).to(next(model.parameters()).device)
+        sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
+        seqs = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=n,
+                              pad_token_id=tokenizer.pad_token_id, synced_gpus=dist.is_initialized(), **sampling)
+        out += tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    tokenizer.padding_side = "right"
+    model.train()
+    return out
+
+
+def best_worst_pairs(prompts, completions, scores, n, threshold):
+    """Algorithm 1's pairing: per prompt, (best, worst) of its n samples if best - worst >= threshold."""
+    rows = []
+    for i, prompt in enumerate(prompts):
+        group = sorted(zip(scores[i * n: (i + 1) * n], completions[i * n: (i + 1) * n]), key=lambda t: t[0])
+        (worst_score, worst), (best_score, best) = group[0], group[-1]
+        if best_score - worst_score >= threshold and best != worst:
+            rows.append({"prompt": prompt, "chosen": best, "rejected": worst})
+    return rows
+
+
+def online_round(policy, tokenizer, scorer, prompts, args, seed, rank, world):
+    """Sample, score and pair this process's share of a round's prompts; all processes get all pairs."""
+    mine = prompts[rank::world]
+    texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(mine)]
+    completions = generate(policy, tokenizer, texts, args.num_samples, args, greedy=False, seed=seed * 1000 + rank)
+    flat_prompts = [p for p in mine for _ in range(args.num_samples)]
+    scores = scorer(flat_prompts, completions)
+    rows = best_worst_pairs(mine, completions, scores, args.num_samples, args.reward_threshold)
+    if world > 1:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, rows)
+        rows = [r for part in gathered for r in part]
+    stats = torch.tensor([sum(scores), len(scores), len(rows)], dtype=torch.float64)
+    return rows, stats
+
+
+@torch.no_grad()
+def evaluate(policy, tokenizer, scorer, prompts, args, rank, world):
+    """Mean reward (and exact accuracy on the toy task) of greedy completions on held-out prompts."""
+    mine = prompts[rank::world]
+    mine += mine[:1] * (math.ceil(len(prompts) / world) - len(mine))  # same number of generate calls per rank
+    n_real = len(prompts[rank::world])
+    texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(mine)]
+    completions = generate(policy, tokenizer, texts, 1, args, greedy=True, seed=0)[:n_real]
+    sums = [sum(scorer(mine[:n_real], completions)), n_real]
+    if args.reward_model.startswith("toy"):
+        sums.append(sum(toy_task.verify(mine[:n_real], completions)))
+    sums = torch.tensor(sums, dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(sums)
+    out = {"eval/reward": (sums[0] / sums[1]).item()}
+    if len(sums) > 2:
+        out["eval/accuracy"] = (sums[2] / sums[1]).item()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# TRY NOT TO MODIFY: checkpoints
+# ----------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(output_dir, step, policy, ref, optimizer, scheduler, tokenizer, extra, rank, world):
+    """output_dir/checkpoint-STEP: the policy (save_pretrained, rank 0) and each process's training
+    state (its shards of policy, reference and optimizer; RNG states; data position). Written to a
+    temporary directory that is renamed when complete."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    final = os.path.join(output_dir, f"checkpoint-{step}")
+    tmp = final + ".tmp"
+    full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        os.makedirs(tmp, exist_ok=True)
+        unwrap(policy).save_pretrained(tmp, state_dict=full)
+        tokenizer.save_pretrained(tmp)
+    if world > 1:
+        dist.barrier()
+    state = {
+        "policy": {k: local(v).clone() for k, v in policy.state_dict().items()},
+        "ref": {k: local(v).clone() for k, v in ref.state_dict().items()} if ref is not None else None,
+        "optimizer": localize(optimizer.state_dict()),
+        "scheduler": scheduler.state_dict(),
+        "rng": {"python": random.getstate(), "numpy": numpy_state(), "torch": torch.get_rng_state()},
+        "step": step, "world_size": world, **extra,
+    }
+    torch.save(state, os.path.join(tmp, f"state-rank{rank}.pt"))
+    if world > 1:
+        dist.barrier()
+    if rank == 0:
+        shutil.rmtree(final, ignore_errors=True)  # only when a step is saved twice (the last one)
+        os.replace(tmp, final)
+    if world > 1:
+        dist.barrier()
+
+
+def numpy_state():
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return kind, torch.from_numpy(keys.copy()), pos, has_gauss, cached  # loadable with weights_only=True
+
+
+def localize(obj):
+    if isinstance(obj, dict):
+        return {k: localize(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [localize(v) for v in obj]
+    return local(obj).clone() if isinstance(obj, torch.Tensor) else obj
+
+
+def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
+    state = torch.load(os.path.join(path, f"state-rank{rank}.pt"), weights_only=True)
+    if state["world_size"] != world:
+        raise ValueError(f"{path} was written by {state['world_size']} processes; resume with the same number")
+    with torch.no_grad():
+        for module, saved in ((policy, state["policy"]), (ref, state["ref"])):
+            if module is not None:
+                for k, v in module.state_dict().items():
+                    local(v).copy_(saved[k])
+    opt_state = optimizer.state_dict()
+    restore_into(opt_state, state["optimizer"])
+    optimizer.load_state_dict(opt_state)
+    scheduler.load_state_dict(state["scheduler"])
+    random.setstate(state["rng"]["python"])
+    kind, keys, pos, has_gauss, cached = state["rng"]["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
+    torch.set_rng_state(state["rng"]["torch"])
+    return state
+
+
+def restore_into(live, saved):
+    """Copy saved local tensors into a live (possibly sharded) optimizer state dict, in place."""
+    for k, v in saved.items():
+        if k == "state":
+            for pid, s in v.items():
+                live["state"].setdefault(pid, {})
+                for name, t in s.items():
+                    cur = live["state"][pid].get(name)
+                    if isinstance(cur, torch.Tensor) and hasattr(cur, "to_local"):
+                        local(cur).copy_(t)
+                    else:
+                        live["state"][pid][name] = t
+        elif k != "param_groups":
+            live[k] = v
+
+
+def newest_checkpoint(output_dir):
+    steps = [int(d.split("-")[1]) for d in os.listdir(output_dir)
+             if d.startswith("checkpoint-") and not d.endswith(".tmp") and d.split("-")[1].isdigit()] if os.path.isdir(output_dir) else []
+    return os.path.join(output_dir, f"checkpoint-{max(steps)}") if steps else None
+
+
+def unwrap(model):
+    return getattr(model, "module", model)
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------------------------
+
+if __name__ == "__main__":
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    args = HfArgumentParser(Args).parse_args_into_dataclasses(look_for_args_file=False)[0]
+    if args.offline and args.online:
+        raise SystemExit("choose one of --offline and --online")
+    args.offline = not args.online
+    if args.humanline:  # HUMANLINE: the design pattern = syncing before the optimizer step + clamping
+        args.sync, args.clip = "humanline", "clamp"
+    if args.sync not in ("none", "humanline", "trust_region") or args.clip not in ("none", "clamp", "sampling"):
+        raise SystemExit(f"--sync must be none|humanline|trust_region and --clip none|clamp|sampling, got {args.sync}, {args.clip}")
+    mode = ("online" if args.online else "offline") + ("-humanline" if args.humanline else "")
+    if not args.humanline and (args.sync != "none" or args.clip != "none"):
+        mode += f"-sync_{args.sync}-clip_{args.clip}"
+    args.output_dir = args.output_dir or os.path.join("runs", f"kto-{mode}-seed{args.seed}")
+
+    # TRY NOT TO MODIFY: distributed setup (torchrun sets RANK/WORLD_SIZE; otherwise one process)
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if args.batch_size % (args.micro_batch_size * world):
+        raise SystemExit(f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes "
+                         f"= {args.micro_batch_size} x {world}")
+    grad_accum = args.batch_size // (args.micro_batch_size * world)
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+
+    # model, reference, tokenizer
+    toy_paths = toy_task.build(verbose=rank == 0) if "toy" in (args.model_name_or_path, args.dataset.split(":")[0],
+                                                             args.eval_prompts, args.reward_model.split("_")[0]) else None
+    model_path = toy_paths.model if args.model_name_or_path == "toy" else args.model_name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=args.trust_remote_code)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    tokenizer.padding_side = "right"
+
+    def load_model():
+        model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=args.trust_remote_code,
+                                                     dtype=torch.float32).to(device)
+        if distributed:  # FSDP2: shard each decoder layer, then the rest; bf16 compute on CUDA
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else MixedPrecisionPolicy()
+            for module in model.modules():
+                if type(module).__name__ in (model._no_split_modules or []):
+                    fully_shard(module, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+        return model
+
+    policy = load_model()
+    policy.train()
+    ref = load_model().eval().requires_grad_(False)  # sharded exactly like the policy
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and not distributed)
+
+    # data (train_pairs and round_pairs keep DPO's names but hold KTO examples: prompt, completion, desirable)
+    if args.offline:
+        train_pairs, trunc = encode_examples(load_rows(args.dataset, args.dataset_split, toy_paths, "preferences"), tokenizer, args)
+        if len(train_pairs) < args.batch_size:
+            raise SystemExit(f"{args.dataset} has {len(train_pairs)} examples, fewer than one batch ({args.batch_size})")
+        if rank == 0 and any(trunc.values()):
+            print(f"truncated: {trunc} (see --max_prompt_length, --max_length)")
+    else:
+        prompt_rows = load_rows(args.dataset, args.dataset_split, toy_paths, "prompts")
+        train_prompts = [row["prompt"] for row in prompt_rows]
+        scorer = make_scorer(args.reward_model, tokenizer, device, args)
+    eval_prompts = [] if args.eval_prompts == "none" else [
+        r["prompt"] for r in load_rows(args.eval_prompts, "test", toy_paths, "eval")][: args.num_eval_prompts]
+    if eval_prompts and args.offline:
+        scorer = make_scorer(args.reward_model, tokenizer, device, args)
+
+    # optimizer and schedule
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, betas=(0.9, 0.999),
+                                  eps=args.adam_eps, weight_decay=args.weight_decay)
+    warmup = max(1, int(args.warmup_ratio * args.max_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (args.max_steps - s) / max(1, args.max_steps - warmup))))
+    sampling_params = humanline_sampling.limit_parameters(  # HUMANLINE: --clip sampling's Beta parameters
+        math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c)
+    sampling_gen = torch.Generator(device).manual_seed(args.seed + rank)
+
+    # resume
+    step, round_index, round_pairs, round_start = 0, 0, [], 0
+    ckpt = newest_checkpoint(args.output_dir) if args.resume else None
+    if ckpt:
+        state = load_checkpoint(ckpt, policy, ref, optimizer, scheduler, rank, world)
+        step, round_index, round_start = state["step"], state["round_index"], state["round_start"]
+        round_pairs = state["round_pairs"]
+        sampling_gen.set_state(state["sampling_gen"])
+        if rank == 0:
+            print(f"resumed from {ckpt} at step {step}")
+    if rank == 0:
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, "args.json"), "w") as f:
+            json.dump(asdict(args), f, indent=2)
+    log_file = open(os.path.join(args.output_dir, "metrics.jsonl"), "a") if rank == 0 else None
+
+    def log(record):
+        if rank == 0:
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+
+    def checkpoint():
+        save_checkpoint(args.output_dir, step, policy, ref, optimizer, scheduler, tokenizer,
+                        {"round_index": round_index, "round_pairs": round_pairs, "round_start": round_start,
+                         "sampling_gen": sampling_gen.get_state(), "args": asdict(args)}, rank, world)
+
+    # the loop
+    bar = tqdm(total=args.max_steps, initial=step, desc=f"kto {mode}", disable=rank != 0, dynamic_ncols=True)
+    while step < args.max_steps:
+        t0 = time.time()
+        if args.online and step - round_start >= len(round_pairs) // args.batch_size:
+            # ALGO LOGIC: a new round of Algorithm 1: reference <- policy, sample, score, pair
+            sync_reference(ref, policy)
+            order = torch.randperm(len(train_prompts), generator=torch.Generator().manual_seed(args.seed + round_index))
+            prompts = [train_prompts[i] for i in order[: args.round_size].tolist()]
+            rows, stats = online_round(policy, tokenizer, scorer, prompts, args, args.seed + round_index, rank, world)
+            if world > 1:
+                dist.all_reduce(stats)
+            round_pairs, round_start, round_index = encode_examples(rows, tokenizer, args, sampled=True)[0], step, round_index + 1
+            round_pairs = [round_pairs[i] for i in torch.randperm(len(round_pairs), generator=torch.Generator().manual_seed(args.seed + round_index)).tolist()]
+            log({"step": step, "online/round": round_index, "online/sample_reward": (stats[0] / stats[1]).item(),
+                 "online/pairs": len(rows), "online/kept_frac": len(rows) / len(prompts), "online/seconds": time.time() - t0})
+            if len(round_pairs) < args.batch_size:
+                raise SystemExit(f"round {round_index} kept {len(round_pairs)} examples, fewer than one batch; "
+                                 "raise --round_size or lower --reward_threshold")
+            continue
+        if args.online:
+            batch = round_pairs[(step - round_start) * args.batch_size: (step - round_start + 1) * args.batch_size]
+        else:  # offline: a fixed permutation per epoch, so a step's batch depends on the step only
+            per_epoch = len(train_pairs) // args.batch_size
+            epoch, pos = divmod(step, per_epoch)
+            order = torch.randperm(len(train_pairs), generator=torch.Generator().manual_seed(args.seed + epoch))
+            batch = [train_pairs[i] for i in order[pos * args.batch_size: (pos + 1) * args.batch_size].tolist()]
+        kl_batch = kto_kl_pairs(batch, args.max_length)  # ALGO LOGIC: mismatched pairs over the whole batch, then split
+        batch = batch[rank * len(batch) // world: (rank + 1) * len(batch) // world]
+        kl_batch = kl_batch[rank * len(kl_batch) // world: (rank + 1) * len(kl_batch) // world]
+
+        sums, counts, n_tokens = {}, {}, 0
+        for micro in range(grad_accum):
+            examples = batch[micro * args.micro_batch_size: (micro + 1) * args.micro_batch_size]
+            kl_pairs = kl_batch[micro * args.micro_batch_size: (micro + 1) * args.micro_batch_size]
+            # ALGO LOGIC: one forward per model on the examples and their KL pairs concatenated
+            ids, attn, mask = collate([(p, c) for p, c, _ in examples] + kl_pairs, tokenizer.pad_token_id, device)
+            if distributed:
+                policy.set_requires_gradient_sync(micro == grad_accum - 1)  # reduce-scatter once per step
+            with autocast:
+                with torch.no_grad():
+                    ref_logps = token_logps(ref, ids, attn, mask)
+                policy_logps = token_logps(policy, ids, attn, mask)
+            mask = mask[:, 1:]
+            bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
+            if args.clip == "sampling":  # HUMANLINE (ablation): rejected tokens are detached instead of clamped
+                policy_logps, rejected = humanline_sampling.apply_humanline_sampling(
+                    policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
+            n = len(examples)
+            desirable = torch.tensor([d for _, _, d in examples], dtype=torch.bool, device=device)
+            # ALGO LOGIC: z0 from this forward pass's KL pairs on every process (sum, count all-reduced), no gradient
+            kl = kto_kl_estimate(policy_logps[n:], ref_logps[n:], mask[n:], *bounds, all_reduce=dist.all_reduce if world > 1 else None)
+            losses, metrics = kto_loss(policy_logps[:n], ref_logps[:n], mask[:n], desirable, kl, args.beta,
+                                       args.desirable_weight, args.undesirable_weight, *bounds)
+            (losses.sum() * world / args.batch_size).backward()
+            metrics["loss"] = losses.detach()
+            metrics["humanline/clamped_frac"] = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
+            logps = policy_logps[:n].detach().sum(-1) / mask[:n].sum(-1)
+            metrics["logps/chosen"], metrics["logps/rejected"] = logps[desirable], logps[~desirable]
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v.sum().item()
+                counts[k] = counts.get(k, 0) + v.numel()
+            n_tokens += int(mask.sum().item())
+        grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, step)
+        step += 1
+
+        # TRY NOT TO MODIFY: logging, evaluation, checkpoints
+        keys = sorted(sums)  # each metric is a mean over its entries (a group may be empty in a step)
+        totals = torch.tensor([sums[k] for k in keys] + [counts[k] for k in keys] + [n_tokens], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(totals)
+        record = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys): -1].tolist()) if c}
+        record |= {"step": step, "grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0],
+                   "tokens_per_s": totals[-1].item() / (time.time() - t0)}
+        if eval_prompts and ((args.eval_every and step % args.eval_every == 0) or step == args.max_steps):
+            record |= evaluate(policy, tokenizer, scorer, eval_prompts, args, rank, world)
+        if step % args.log_every == 0 or "eval/reward" in record:
+            log(record)
+        bar.update(1)
+        bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in ("loss", "rewards/margins", "eval/reward") if k in record})
+        if (args.save_every and step % args.save_every == 0) or step == args.max_steps:
+            checkpoint()
+    bar.close()
+
+    # final save: a Hugging Face model directory
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        unwrap(policy).save_pretrained(args.output_dir, state_dict=full)
+        tokenizer.save_pretrained(args.output_dir)
+        print(f"saved to {args.output_dir}")
+    if distributed:
+        dist.destroy_process_group()
