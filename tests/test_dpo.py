@@ -442,14 +442,11 @@ def test_truncation_keeps_the_prompt_end_and_the_completion_start(tok):
     assert counts["truncated_prompts"] >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="encode_pairs counts a truncated prompt twice (once per completion)")
 def test_truncated_prompts_are_counted_once_per_row(tok):
     _, counts = encode_pairs(truncation_rows(), tok, Args(max_prompt_length=4, max_length=10))
     assert counts == {"truncated_prompts": 1, "truncated_completions": 1}
 
 
-@pytest.mark.xfail(strict=True, reason="encode slices c[: max_length - len(p)] with a negative bound when the "
-                                       "prompt alone exceeds max_length, keeping most of the completion")
 def test_prompt_longer_than_max_length_never_yields_an_overlong_sequence(tok):
     args = Args(max_prompt_length=512, max_length=6)  # prompt (8 tokens) fits max_prompt_length, not max_length
     try:
@@ -675,9 +672,6 @@ def test_resume_from_checkpoint_2_repeats_step_3(resumed):
         assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-9), (k, a[k], b[k])
 
 
-@pytest.mark.xfail(strict=True, reason="load_checkpoint does not restore the optimizer's param_groups lr: the first "
-                                       "step after resume updates with the schedule's lr at step 0 (see "
-                                       "test_load_checkpoint_restores_the_learning_rate_in_use)")
 def test_resume_from_checkpoint_2_repeats_step_4_and_the_final_model(resumed):
     full, run, new = resumed
     a, b = full.steps[3], new[1]
@@ -727,8 +721,6 @@ def test_load_checkpoint_restores_weights_and_optimizer_state(checkpoint_round_t
     assert s2.last_epoch == sched.last_epoch and s2.get_last_lr() == sched.get_last_lr()
 
 
-@pytest.mark.xfail(strict=True, reason="load_checkpoint keeps the fresh optimizer's param_groups (lr = schedule at "
-                                       "step 0), so the first optimizer.step() after resume uses the wrong lr")
 def test_load_checkpoint_restores_the_learning_rate_in_use(checkpoint_round_trip):
     (policy, ref, opt, sched), (p2, r2, o2, s2), state = checkpoint_round_trip
     assert o2.param_groups[0]["lr"] == pytest.approx(opt.param_groups[0]["lr"])  # 2.5e-4, not 1e-3
