@@ -271,16 +271,27 @@ def as_text(value, row, column, tokenizer, prompt=None, allow_empty=False):
     return full[len(prefix):]
 
 
-def encode(tokenizer, prompt_text, completion_text, args, counts):
-    """Token ids of one (prompt, completion), truncated per --max_prompt_length / --max_length."""
-    add_special = tokenizer.chat_template is None or not prompt_text.startswith(tokenizer.bos_token or "\0")
-    p = tokenizer(prompt_text, add_special_tokens=add_special)["input_ids"]
-    c = tokenizer(completion_text, add_special_tokens=False)["input_ids"]
-    if len(p) > args.max_prompt_length:
-        p, counts["truncated_prompts"] = p[-args.max_prompt_length:], counts["truncated_prompts"] + 1
-    if len(p) + len(c) > args.max_length:
-        c, counts["truncated_completions"] = c[: args.max_length - len(p)], counts["truncated_completions"] + 1
-    return p, c
+def prompt_ids(tokenizer, prompt_text):
+    """A prompt's token ids, the same for training and generation: the tokenizer's special tokens
+    (e.g. BOS) are added unless the chat template already wrote them."""
+    add_special = not (tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token))
+    return tokenizer(prompt_text, add_special_tokens=add_special)["input_ids"]
+
+
+def encode(tokenizer, prompt_text, completion_texts, args, counts):
+    """Token ids of a prompt and its completions. Truncation policy: the prompt keeps its last
+    --max_prompt_length tokens, each completion its first (--max_length - prompt) tokens; both are
+    counted (once per prompt, once per completion) and reported."""
+    p, limit = prompt_ids(tokenizer, prompt_text), min(args.max_prompt_length, args.max_length - 1)
+    if len(p) > limit:
+        p, counts["truncated_prompts"] = p[-limit:], counts["truncated_prompts"] + 1
+    completions = []
+    for text in completion_texts:
+        c = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(p) + len(c) > args.max_length:
+            c, counts["truncated_completions"] = c[: args.max_length - len(p)], counts["truncated_completions"] + 1
+        completions.append(c)
+    return p, completions
 
 
 def encode_examples(rows, tokenizer, args, sampled=False):
@@ -308,9 +319,8 @@ def encode_examples(rows, tokenizer, args, sampled=False):
             if chosen == rejected:
                 raise ValueError(f"row {i}, columns 'chosen'/'rejected': identical completions")
             completions = [(chosen, True), (rejected, False)]  # ALGO LOGIC: a pair gives two examples
-        for completion, desirable in completions:
-            p, c = encode(tokenizer, prompt, completion, args, counts)
-            examples.append((p, c, desirable))
+        p, ids = encode(tokenizer, prompt, [text for text, _ in completions], args, counts)
+        examples += [(p, c, desirable) for c, (_, desirable) in zip(ids, completions)]
     return examples, counts
 
 
@@ -386,8 +396,8 @@ def generate(model, tokenizer, prompt_texts, n, args, greedy, seed):
     tokenizer.padding_side = "left"
     out = []
     for i in range(0, len(prompt_texts), args.generation_batch_size):
-        enc = tokenizer(prompt_texts[i: i + args.generation_batch_size], return_tensors="pt", padding=True,
-                        add_special_tokens=tokenizer.chat_template is None).to(next(model.parameters()).device)
+        ids = [prompt_ids(tokenizer, t)[-args.max_prompt_length:] for t in prompt_texts[i: i + args.generation_batch_size]]
+        enc = tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(next(model.parameters()).device)
         sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
         seqs = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=n,
                               pad_token_id=tokenizer.pad_token_id, synced_gpus=dist.is_initialized(), **sampling)
@@ -406,6 +416,17 @@ def best_worst_pairs(prompts, completions, scores, n, threshold):
         if best_score - worst_score >= threshold and best != worst:
             rows.append({"prompt": prompt, "chosen": best, "rejected": worst})
     return rows
+
+
+def round_prompts(n_prompts, round_size, round_index, seed):
+    """Indices of round `round_index`'s prompts: consecutive slices of one shuffled pass over the
+    prompts after another, so a prompt comes back only in the next pass."""
+    per_pass = n_prompts // round_size
+    if per_pass == 0:
+        raise ValueError(f"--round_size {round_size} is larger than the {n_prompts} training prompts")
+    n_pass, pos = divmod(round_index, per_pass)
+    order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed + n_pass))
+    return order[pos * round_size: (pos + 1) * round_size].tolist()
 
 
 def online_round(policy, tokenizer, scorer, prompts, args, seed, rank, world):
@@ -428,8 +449,8 @@ def online_round(policy, tokenizer, scorer, prompts, args, seed, rank, world):
 def evaluate(policy, tokenizer, scorer, prompts, args, rank, world):
     """Mean reward (and exact accuracy on the toy task) of greedy completions on held-out prompts."""
     mine = prompts[rank::world]
-    mine += mine[:1] * (math.ceil(len(prompts) / world) - len(mine))  # same number of generate calls per rank
-    n_real = len(prompts[rank::world])
+    n_real = len(mine)
+    mine += prompts[:1] * (math.ceil(len(prompts) / world) - n_real)  # the same generate calls on every rank
     texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(mine)]
     completions = generate(policy, tokenizer, texts, 1, args, greedy=True, seed=0)[:n_real]
     sums = [sum(scorer(mine[:n_real], completions)), n_real]
@@ -496,7 +517,7 @@ def localize(obj):
 
 
 def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
-    state = torch.load(os.path.join(path, f"state-rank{rank}.pt"), weights_only=True)
+    state = torch.load(os.path.join(path, f"state-rank{rank}.pt"), weights_only=True)  # tensors and plain data only
     if state["world_size"] != world:
         raise ValueError(f"{path} was written by {state['world_size']} processes; resume with the same number")
     with torch.no_grad():
@@ -508,6 +529,8 @@ def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
     restore_into(opt_state, state["optimizer"])
     optimizer.load_state_dict(opt_state)
     scheduler.load_state_dict(state["scheduler"])
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr  # the saved param_groups are not restored (they hold parameter ids), so set the lr
     random.setstate(state["rng"]["python"])
     kind, keys, pos, has_gauss, cached = state["rng"]["numpy"]
     np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
@@ -567,7 +590,7 @@ if __name__ == "__main__":
     # TRY NOT TO MODIFY: distributed setup (torchrun sets RANK/WORLD_SIZE; otherwise one process)
     distributed = "RANK" in os.environ
     if distributed:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
@@ -577,6 +600,8 @@ if __name__ == "__main__":
         raise SystemExit(f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes "
                          f"= {args.micro_batch_size} x {world}")
     grad_accum = args.batch_size // (args.micro_batch_size * world)
+    if args.max_prompt_length >= args.max_length:
+        raise SystemExit(f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
@@ -666,13 +691,13 @@ if __name__ == "__main__":
         if args.online and step - round_start >= len(round_pairs) // args.batch_size:
             # ALGO LOGIC: a new round of Algorithm 1: reference <- policy, sample, score, pair
             sync_reference(ref, policy)
-            order = torch.randperm(len(train_prompts), generator=torch.Generator().manual_seed(args.seed + round_index))
-            prompts = [train_prompts[i] for i in order[: args.round_size].tolist()]
+            prompts = [train_prompts[i] for i in round_prompts(len(train_prompts), args.round_size, round_index, args.seed)]
             rows, stats = online_round(policy, tokenizer, scorer, prompts, args, args.seed + round_index, rank, world)
             if world > 1:
                 dist.all_reduce(stats)
             round_pairs, round_start, round_index = encode_examples(rows, tokenizer, args, sampled=True)[0], step, round_index + 1
-            round_pairs = [round_pairs[i] for i in torch.randperm(len(round_pairs), generator=torch.Generator().manual_seed(args.seed + round_index)).tolist()]
+            shuffle = torch.Generator().manual_seed(1_000_003 * (args.seed + 1) + round_index)
+            round_pairs = [round_pairs[i] for i in torch.randperm(len(round_pairs), generator=shuffle).tolist()]
             log({"step": step, "online/round": round_index, "online/sample_reward": (stats[0] / stats[1]).item(),
                  "online/pairs": len(rows), "online/kept_frac": len(rows) / len(prompts), "online/seconds": time.time() - t0})
             if len(round_pairs) < args.batch_size:
@@ -722,6 +747,7 @@ if __name__ == "__main__":
                 sums[k] = sums.get(k, 0.0) + v.sum().item()
                 counts[k] = counts.get(k, 0) + v.numel()
             n_tokens += int(mask.sum().item())
+        lr = scheduler.get_last_lr()[0]  # the learning rate of this step's update
         grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, step)
         step += 1
 
@@ -731,7 +757,7 @@ if __name__ == "__main__":
         if world > 1:
             dist.all_reduce(totals)
         record = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys): -1].tolist()) if c}
-        record |= {"step": step, "grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0],
+        record |= {"step": step, "grad_norm": grad_norm.item(), "lr": lr,
                    "tokens_per_s": totals[-1].item() / (time.time() - t0)}
         if eval_prompts and ((args.eval_every and step % args.eval_every == 0) or step == args.max_steps):
             record |= evaluate(policy, tokenizer, scorer, eval_prompts, args, rank, world)
