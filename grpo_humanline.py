@@ -1,0 +1,1003 @@
+"""Offline, online and humanline GRPO in one file.
+
+Humanline (Liu, Muennighoff, Ethayarajh 2025, https://arxiv.org/abs/2509.24207) makes two changes
+to an alignment objective so that offline data trains like online data:
+
+1. syncing: every `--sync_every` k steps, after the gradients are computed and clipped but before
+   `optimizer.step()`, the policy's weights are copied into the reference (so with k = 1 the
+   reference is always the policy of the previous step);
+2. clipping: each token's log-ratio log pi_theta - log pi_ref is clamped to
+   [`--log_eps_P`, `--log_eps_R`] = [-1.5, 1.5] before it enters the loss (no gradient outside).
+   GRPO then clips the (already clamped) ratio a second time with its own [1 - eps, 1 + eps].
+
+`grep -n HUMANLINE grpo_humanline.py` shows every line that exists because of them.
+
+The loss (eq. 1, appendix C.1), per completion token t of output i of a group:
+    -min(r * A_i, clip(r, 1 - eps, 1 + eps) * A_i) + beta * KL_t,
+    r = pi_theta / pi_ref (clamped in log space under humanline),  A_i = (R_i - mean R) / std R,
+    KL_t = exp(q - p) - (q - p) - 1  (k3; p = policy, q = baseline log-prob; never clamped),
+averaged over all completion tokens of the optimizer step (DAPO), over micro-batches and processes.
+
+Modes
+- `--offline` (default): the paper's Algorithm 2. Each preference tuple (prompt, chosen, rejected) is a
+  group of two with advantages +1 / -1; the reference is frozen at the initial policy; eps 0.5.
+- `--online`: groups of `--num_generations` G completions per prompt, sampled from the policy and scored
+  by `--reward_funcs`. Every `--sample_every` N steps the policy samples the data of the next N steps
+  (N times as many prompts): N = 1 is fully on-policy, N = 64 is the paper's off-policy math setting.
+  The ratio's denominator is the policy that sampled the data (PPO's theta_old: its token log-probs,
+  recorded right after sampling) or, under `--sync`, the synced reference.
+- `--online --pairs_from_samples`: the paper's instruction-following variant. In rounds of
+  `--round_size` prompts (like online DPO, Algorithm 1) keep the (best, worst) of G samples with their
+  raw scores when the gap is at least `--reward_threshold`: groups of two.
+- `--humanline` on top of any of them (= `--sync humanline --clip clamp`). Ablations: `--sync
+  trust_region` (copy *after* the optimizer step), `--clip sampling` (Beta-based token rejection,
+  humanline_sampling.py), or either change alone.
+
+Deviations from the paper
+- Defaults are for the built-in toy task (toy_task.py: a 0.6M-parameter Llama on 3-digit addition,
+  trained on a laptop CPU in minutes), so the learning rate is much larger than the paper's.
+  The paper's settings are in the commands below.
+- Training length is set in optimizer steps (`--max_steps`); offline data is cycled if needed and
+  online data is sampled until the step budget is spent. Sampled sequences that do not fill a whole
+  batch are dropped. Each sampled batch is used for one optimizer step (no PPO epochs).
+- The KL baseline is the reference (the paper's choice, no third model). Online without syncing the
+  reference is the sampler, so a fully on-policy run (`--sample_every 1`) has a KL term of exactly 0;
+  `--kl_baseline initial` keeps a frozen copy of the starting policy instead (DeepSeekMath, TRL).
+- Online with `--sync humanline` the reference is only synced every k steps, not also at sampling time.
+- `--eps` defaults to 0.5 for plain offline GRPO (no syncing, no clipping) and to 0.15 otherwise.
+- Groups whose rewards are all equal get advantage 0 (no DAPO dynamic sampling); their tokens still
+  count in the normalisation and in the KL term.
+- Sampled completions are decoded and re-tokenised with an end-of-sequence token (a completion cut at
+  `--max_new_tokens` is trained as if it had ended). The sampler's log-probs are computed on the
+  re-tokenised sequences, so the ratio is exact on what is trained.
+- `accuracy` is a light answer normaliser, not Open-R1's math_verify (see `accuracy_reward`).
+
+Commands
+    python grpo_humanline.py                                 # offline GRPO on the toy task (CPU)
+    python grpo_humanline.py --offline --humanline           # offline + humanline
+    python grpo_humanline.py --online                        # online GRPO, toy verifier reward
+    python grpo_humanline.py --online --humanline --sample_every 8 --sync_every 2   # off-policy
+    torchrun --standalone --nproc_per_node 2 grpo_humanline.py --humanline   # FSDP2, gloo on CPU
+    # the paper's math run (Qwen2.5-1.5B-Instruct, MATH, Open-R1 rewards; 8 GPUs; not run here):
+    # off-policy humanline as below; plain online GRPO: drop --humanline, --sample_every 1
+    torchrun --standalone --nproc_per_node 8 grpo_humanline.py --online --humanline \\
+        --sample_every 64 --sync_every 16 \\
+        --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct \\
+        --dataset DigitalLearningGmbH/MATH-lighteval --dataset_split train --as_chat --system_prompt r1 \\
+        --reward_funcs tag_count,format,accuracy --reward_weights 1,1,8 \\
+        --eval_prompts HuggingFaceH4/MATH-500 --reward_model accuracy --num_eval_prompts 500 --eval_every 100 \\
+        --learning_rate 1e-6 --adam_eps 1e-8 --weight_decay 0 --max_grad_norm 1.0 --beta 0.01 --eps 0.15 \\
+        --batch_size 256 --micro_batch_size 4 --num_generations 8 --generation_batch_size 16 \\
+        --max_new_tokens 2048 --top_p 1.0 --temperature 0.7 --max_length 2560 --max_steps 1600
+    # the paper's instruction-following online+humanline GRPO (Llama3-8B-Instruct, UltraFeedback
+    # prompts, ArmoRM scores; 8 GPUs; not run here; plain online: drop --humanline, --max_grad_norm 1.0)
+    torchrun --standalone --nproc_per_node 8 grpo_humanline.py --online --pairs_from_samples --humanline \\
+        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct \\
+        --dataset princeton-nlp/llama3-ultrafeedback-armorm --dataset_split train --as_chat \\
+        --reward_funcs RLHFlow/ArmoRM-Llama3-8B-v0.1 --trust_remote_code --eval_prompts none \\
+        --learning_rate 5e-6 --max_grad_norm 0.5 --beta 0.01 --eps 0.15 --sync_every 1 \\
+        --batch_size 64 --micro_batch_size 2 --round_size 1024 --num_generations 8 --max_steps 312 \\
+        --max_new_tokens 2048 --top_p 0.95 --temperature 0.7 --reward_threshold 0.01 --adam_eps 1e-5 \\
+        --max_prompt_length 1024 --max_length 3072
+"""
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
+
+import humanline_sampling
+import toy_task
+
+
+@dataclass
+class Args:
+    # --- mode ---
+    offline: bool = field(default=False, metadata={"help": "Algorithm 2: a fixed preference dataset, each pair a group of two (the default mode)."})
+    online: bool = field(default=False, metadata={"help": "Sample groups of --num_generations completions from the policy every --sample_every steps."})
+    humanline: bool = field(default=False, metadata={"help": "Shorthand for --sync humanline --clip clamp."})
+    pairs_from_samples: bool = field(default=False, metadata={
+        "help": "With --online, the instruction-following variant: in rounds of --round_size prompts keep (best, worst) "
+                "of the samples with their raw scores as a group of two, as online DPO pairs them."})
+    # --- model and data ---
+    model_name_or_path: str = field(default="toy", metadata={"help": "'toy' (the built-in task) or a causal LM."})
+    dataset: str = field(default="toy", metadata={
+        "help": "Offline: preference data (prompt, chosen, rejected): 'toy', 'toy:weak', a hub name or a local "
+                "json/jsonl/parquet file. Online: prompt rows ('prompt' or 'problem', other columns such as 'solution' "
+                "go to the reward functions; 'toy': the toy train prompts)."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset."})
+    eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts for evaluation ('toy', a file or hub name, 'none')."})
+    reward_model: str = field(default="toy", metadata={
+        "help": "Scorer for evaluation: 'toy' (graded), 'toy_verify' (exact), a --reward_funcs name such as 'accuracy', "
+                "or a sequence-classification model path."})
+    reward_funcs: str = field(default="", metadata={
+        "help": "Online rewards, comma-separated: toy, toy_verify, tag_count, format, accuracy, or a sequence-"
+                "classification model path. Default: toy_verify (toy with --pairs_from_samples)."})
+    reward_weights: str = field(default="", metadata={
+        "help": "Comma-separated weights of --reward_funcs. Default: 1 each; tag_count, format, accuracy: 1, 1, 8."})
+    as_chat: bool = field(default=False, metadata={"help": "Online and evaluation: wrap plain-string prompts as a user message (chat template)."})
+    system_prompt: str = field(default="", metadata={"help": "With --as_chat, a system message first ('r1': Open-R1's <think>/<answer> prompt)."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
+    max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts keep their last tokens (counted)."})
+    max_length: int = field(default=1024, metadata={"help": "Prompt + completion; longer completions are cut (counted)."})
+    # --- optimisation ---
+    max_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
+    batch_size: int = field(default=64, metadata={"help": "Sequences per optimizer step, over all processes, groups included (prompts = batch_size / group size)."})
+    micro_batch_size: int = field(default=64, metadata={"help": "Sequences per forward pass per process."})
+    learning_rate: float = field(default=2e-5, metadata={"help": "Peak learning rate (paper: 5e-6; math 1e-6)."})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup fraction, then linear decay to 0."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    adam_eps: float = field(default=1e-5, metadata={"help": "AdamW epsilon."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    beta: float = field(default=0.01, metadata={"help": "KL coefficient (k3 estimator, against --kl_baseline)."})
+    eps: Optional[float] = field(default=None, metadata={"help": "GRPO's ratio clip [1 - eps, 1 + eps]. Default: 0.5 plain offline, else 0.15."})
+    kl_baseline: str = field(default="reference", metadata={
+        "help": "Baseline of the KL term: reference (the ratio's denominator, the paper's choice) | initial (a frozen "
+                "copy of the starting policy)."})
+    seed: int = field(default=0, metadata={"help": "Random seed (data order, sampling)."})
+    # --- humanline ---
+    sync: str = field(default="none", metadata={"help": "Reference syncing: none | humanline (before the optimizer step) | trust_region (after it)."})
+    sync_every: int = field(default=1, metadata={"help": "k: sync every k optimizer steps."})
+    clip: str = field(default="none", metadata={"help": "Token log-ratio clipping: none | clamp | sampling (Beta rejection)."})
+    log_eps_P: float = field(default=-1.5, metadata={"help": "Lower bound of the token log-ratio."})
+    log_eps_R: float = field(default=1.5, metadata={"help": "Upper bound of the token log-ratio."})
+    sampling_c: float = field(default=humanline_sampling.DEFAULT_C, metadata={"help": "--clip sampling: Beta concentration c (large c = clamp)."})
+    # --- online sampling ---
+    num_generations: int = field(default=8, metadata={"help": "G: completions sampled per prompt."})
+    sample_every: int = field(default=1, metadata={
+        "help": "Sample every N steps the data of N steps (1: fully on-policy; paper's off-policy math setting: 64)."})
+    round_size: int = field(default=256, metadata={"help": "--pairs_from_samples: prompts per round (paper: 1024)."})
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
+    top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling (paper: 0.95; math 1.0)."})
+    max_new_tokens: int = field(default=40, metadata={"help": "Longest sampled completion (paper: 2048)."})
+    reward_threshold: float = field(default=0.01, metadata={"help": "--pairs_from_samples: tau, keep a pair only if best - worst >= tau."})
+    generation_batch_size: int = field(default=64, metadata={"help": "Prompts per generate() call per process."})
+    # --- evaluation and checkpoints ---
+    eval_every: int = field(default=20, metadata={"help": "Evaluate every N steps (0: only at the end)."})
+    num_eval_prompts: int = field(default=256, metadata={"help": "Held-out prompts per evaluation."})
+    output_dir: str = field(default="", metadata={"help": "Default: runs/grpo-<mode>-seed<seed>."})
+    save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the newest checkpoint in --output_dir."})
+    log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO LOGIC: the loss
+# ----------------------------------------------------------------------------------------------
+
+
+def group_advantages(rewards, group_size):
+    """A_i = (R_i - mean R) / std R within each group (population std), rewards (n,) laid out group after
+    group; returns (n,). A group of equal rewards gets 0; a group of two distinct rewards exactly -1, +1."""
+    r = rewards.reshape(-1, group_size)
+    if group_size == 2:  # the formula's value, exactly: (R_i - mean) / std = sign(R_i - R_j)
+        return torch.sign(r - r.flip(-1)).reshape(-1)
+    centred = r - r.mean(-1, keepdim=True)
+    std = r.std(-1, unbiased=False, keepdim=True)
+    equal = (r == r[:, :1]).all(-1, keepdim=True)  # exact test: a rounded mean may leave a tiny nonzero std
+    return torch.where(equal, torch.zeros_like(r), centred / torch.where(equal, torch.ones_like(std), std)).reshape(-1)
+
+
+def grpo_loss(policy_logps, ref_logps, baseline_logps, mask, advantages, eps, beta, log_eps_P=None, log_eps_R=None,
+              num_tokens=None, rejected=None):
+    """GRPO (eq. 1) on per-token log-probs: the mean over valid tokens of
+    -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta KL_t, r = exp(policy - ref), KL_t = exp(q - p) - (q - p) - 1
+    with p = policy_logps, q = baseline_logps (k3 estimator). Tensors (batch, seq), mask 1 on completion
+    tokens, advantages (batch,). The mean divides by `num_tokens` when given (DAPO: the valid tokens of the
+    whole optimizer step, so that summing the micro-batches' losses gives the step's loss), else mask.sum().
+    HUMANLINE: with both bounds, each token log-ratio is clamped to [log_eps_P, log_eps_R] first (a clamped
+    token passes no gradient), then GRPO's clip applies; `rejected` (bool, --clip sampling) detaches those
+    tokens' ratios instead. The KL term always uses the unclamped log-probs. Returns (loss, metrics)."""
+    log_ratio = policy_logps - ref_logps
+    if log_eps_P is not None and log_eps_R is not None:  # HUMANLINE: clip each token's log-ratio
+        log_ratio = log_ratio.clamp(log_eps_P, log_eps_R)
+    if rejected is not None:  # HUMANLINE (ablation): rejected tokens pass no gradient through the ratio
+        log_ratio = torch.where(rejected, log_ratio.detach(), log_ratio)
+    ratio = log_ratio.exp()
+    a = advantages[:, None].to(ratio.dtype)
+    surrogate = torch.min(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a)
+    d = baseline_logps - policy_logps
+    kl = d.exp() - d - 1
+    n = mask.sum() if num_tokens is None else num_tokens
+    loss = ((-surrogate + beta * kl) * mask).sum() / n
+    clipped = ((ratio > 1 + eps) & (a > 0)) | ((ratio < 1 - eps) & (a < 0))
+    metrics = {  # means over the same tokens as the loss
+        "kl": (kl.detach() * mask).sum() / n,
+        "clip_frac": (clipped.float() * mask).sum() / n,
+        "ratio/abs_log": ((policy_logps - ref_logps).detach().abs() * mask).sum() / n,
+        "logps": (policy_logps.detach() * mask).sum() / n,
+    }
+    return loss, metrics
+
+
+# HUMANLINE: the fraction of completion tokens whose log-ratio lies outside the clip range
+def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
+    ratio = (policy_logps - ref_logps).detach()
+    outside = ((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask
+    return outside.sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+# HUMANLINE: the reference takes the policy's weights: a local, in-place copy of each shard
+@torch.no_grad()
+def sync_reference(ref, policy):
+    for model in (ref, policy):
+        if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a no-grad forward
+            model.reshard()
+    for r, p in zip(ref.parameters(), policy.parameters()):
+        local(r).copy_(local(p))
+
+
+def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_every, step):
+    """Clip the gradients, then update; syncing every `sync_every` steps (step counted from 0):
+    `humanline` copies the policy into the reference *before* the update (the reference then holds
+    the pre-update weights), `trust_region` (TR-DPO, the ablation) *after* it. Returns the grad norm."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+    due = (step + 1) % sync_every == 0
+    if sync == "humanline" and due:
+        sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the step
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if sync == "trust_region" and due:
+        sync_reference(ref, policy)
+    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+
+
+def local(t):
+    """The local shard of an FSDP2 parameter (DTensor), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+# ----------------------------------------------------------------------------------------------
+# Data: validation, chat templates, tokenisation, collation
+# ----------------------------------------------------------------------------------------------
+
+
+def as_text(value, row, column, tokenizer, prompt=None, allow_empty=False):
+    """A prompt or completion as text: plain strings as they are; conversational lists of
+    {"role", "content"} through the chat template (completions after their prompt). Only sampled
+    completions (online rounds) may be empty."""
+    where = f"row {row}, column '{column}'"
+    if isinstance(value, str):
+        if not value.strip() and not allow_empty:
+            raise ValueError(f"{where}: empty text")
+        return value if prompt is None else value + tokenizer.eos_token
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}")
+    for m in value:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise ValueError(f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"{where}: message content must be a string, got {m.get('content')!r}")
+    if prompt is None:
+        return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+    if not isinstance(prompt, list):
+        raise ValueError(f"{where}: a conversational completion needs a conversational prompt")
+    prefix = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(prompt + value, tokenize=False)
+    return full[len(prefix):]
+
+
+def encode(tokenizer, prompt_text, completion_text, args, counts):
+    """Token ids of one (prompt, completion), truncated per --max_prompt_length / --max_length."""
+    add_special = tokenizer.chat_template is None or not prompt_text.startswith(tokenizer.bos_token or "\0")
+    p = tokenizer(prompt_text, add_special_tokens=add_special)["input_ids"]
+    c = tokenizer(completion_text, add_special_tokens=False)["input_ids"]
+    if len(p) > args.max_prompt_length:
+        p, counts["truncated_prompts"] = p[-args.max_prompt_length:], counts["truncated_prompts"] + 1
+    if len(p) + len(c) > args.max_length:
+        c, counts["truncated_completions"] = c[: args.max_length - len(p)], counts["truncated_completions"] + 1
+    return p, c
+
+
+def encode_pairs(rows, tokenizer, args, sampled=False):
+    """Validated, tokenised preference pairs: list of (prompt_ids, chosen_ids, rejected_ids)."""
+    counts = {"truncated_prompts": 0, "truncated_completions": 0}
+    pairs = []
+    for i, row in enumerate(rows):
+        for column in ("prompt", "chosen", "rejected"):
+            if column not in row or row[column] is None:
+                raise ValueError(f"row {i}: missing column '{column}' (preference data needs prompt, chosen, rejected)")
+        prompt = as_text(row["prompt"], i, "prompt", tokenizer)
+        chosen = as_text(row["chosen"], i, "chosen", tokenizer, prompt=row["prompt"], allow_empty=sampled)
+        rejected = as_text(row["rejected"], i, "rejected", tokenizer, prompt=row["prompt"], allow_empty=sampled)
+        if chosen == rejected:
+            raise ValueError(f"row {i}, columns 'chosen'/'rejected': identical completions")
+        p, c = encode(tokenizer, prompt, chosen, args, counts)
+        _, r = encode(tokenizer, prompt, rejected, args, counts)
+        pairs.append((p, c, r))
+    return pairs, counts
+
+
+def encode_groups(groups, tokenizer, args):
+    """Tokenised sampled groups: (prompt, completions, rewards) -> (prompt_ids, [completion_ids], rewards)."""
+    counts = {"truncated_prompts": 0, "truncated_completions": 0}
+    out = []
+    for i, (prompt, completions, rewards) in enumerate(groups):
+        text = as_text(prompt, i, "prompt", tokenizer)
+        ids = [encode(tokenizer, text, as_text(c, i, "completion", tokenizer, prompt=prompt, allow_empty=True), args, counts)
+               for c in completions]
+        out.append((ids[0][0], [c for _, c in ids], list(rewards)))
+    return out, counts
+
+
+def group_sequences(groups):
+    """ALGO LOGIC: groups (prompt_ids, [completion_ids], rewards) -> training sequences, group after group:
+    (prompt_ids, completion_ids, advantage, reward, sampler_logps=None)."""
+    out = []
+    for p, completions, rewards in groups:
+        advantages = group_advantages(torch.tensor(rewards, dtype=torch.float64), len(rewards)).tolist()
+        out += [(p, c, a, r, None) for c, a, r in zip(completions, advantages, rewards)]
+    return out
+
+
+def micro_batches(batch, args, rank, world):
+    """This process's share of a step's sequences, in micro-batches: the layout of every training forward."""
+    mine = batch[rank * len(batch) // world: (rank + 1) * len(batch) // world]
+    return [mine[i: i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
+
+
+def collate(sequences, pad_id, device):
+    """Right-padded (input_ids, attention_mask, loss_mask) for (prompt_ids, completion_ids) pairs,
+    padded to the longest sequence of this micro-batch only."""
+    width = max(len(p) + len(c) for p, c in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(sequences), width, dtype=torch.long)
+    loss_mask = torch.zeros(len(sequences), width)
+    for j, (p, c) in enumerate(sequences):
+        ids[j, : len(p) + len(c)] = torch.tensor(p + c)
+        attn[j, : len(p) + len(c)] = 1
+        loss_mask[j, len(p): len(p) + len(c)] = 1
+    return ids.to(device), attn.to(device), loss_mask.to(device)
+
+
+def token_logps(model, input_ids, attention_mask, loss_mask):
+    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    labels = input_ids[:, 1:, None]
+    logps = logits.gather(-1, labels).squeeze(-1) - logits.logsumexp(-1)
+    return logps * loss_mask[:, 1:]
+
+
+def completion_values(values, sequences, like):
+    """Per-sequence completion-token values (e.g. recorded log-probs) laid out like token_logps' output."""
+    out = torch.zeros_like(like)
+    for j, ((p, c), v) in enumerate(zip(sequences, values)):
+        out[j, len(p) - 1: len(p) + len(c) - 1] = v
+    return out
+
+
+@torch.no_grad()
+def record_sampler_logps(policy, seqs, pad_id, args, device, autocast, rank, world):
+    """ALGO LOGIC: PPO's theta_old. Each sequence's completion-token log-probs under the policy now (right
+    after sampling), computed in the micro-batches training will use, so that at the first step after
+    sampling the ratio is exactly 1. Only this process's sequences get them (the others keep None)."""
+    out = list(seqs)
+    for s in range(len(seqs) // args.batch_size):
+        for micro in micro_batches(range(s * args.batch_size, (s + 1) * args.batch_size), args, rank, world):
+            ids, attn, mask = collate([seqs[i][:2] for i in micro], pad_id, device)
+            with autocast:
+                logps = token_logps(policy, ids, attn, mask)
+            for j, i in enumerate(micro):
+                p, c = seqs[i][:2]
+                out[i] = seqs[i][:4] + (logps[j, len(p) - 1: len(p) + len(c) - 1].clone(),)
+    return out
+
+
+def load_rows(name, split, toy_paths, kind):
+    """Rows of a dataset: 'toy' names, a local file, or a hub dataset."""
+    import datasets
+
+    if name.startswith("toy"):
+        source = name.split(":")[1] if ":" in name else "strong"
+        files = {"preferences": toy_paths.offline[source], "prompts": toy_paths.prompts_train, "eval": toy_paths.prompts_test}
+        name, split = files[kind], "train"
+    if os.path.exists(name):  # a local file has a single split
+        ext = os.path.splitext(name)[1].lstrip(".")
+        ds = datasets.load_dataset({"jsonl": "json"}.get(ext, ext), data_files=name, split="train")
+    else:
+        ds = datasets.load_dataset(name, split=split)
+    return ds.to_list()
+
+
+R1_SYSTEM_PROMPT = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The assistant "
+    "first thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning "
+    "process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e., "
+    "<think> reasoning process here </think><answer> answer here </answer>")
+
+
+def prompt_row(row, i, args):
+    """A prompt row for sampling or evaluation: 'prompt' (or a math dataset's 'problem'), optionally wrapped as
+    a conversation (--as_chat, --system_prompt), with the row's other columns for the reward functions."""
+    prompt = row.get("prompt", row.get("problem"))
+    if prompt is None:
+        raise ValueError(f"row {i}: missing column 'prompt' (or 'problem')")
+    if args.as_chat and isinstance(prompt, str):
+        system = R1_SYSTEM_PROMPT if args.system_prompt == "r1" else args.system_prompt
+        prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return {**row, "prompt": prompt}
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO LOGIC: reward functions (TRL's signature: f(prompts, completions, **columns) -> list of floats)
+# ----------------------------------------------------------------------------------------------
+
+
+def completion_text(completion):
+    return completion if isinstance(completion, str) else "".join(m["content"] for m in completion if m["role"] == "assistant")
+
+
+def tag_count_reward(prompts, completions, **columns):
+    """Open-R1's tag_count: 0.25 for each of '<think>\\n', '\\n</think>\\n', '\\n<answer>\\n', '\\n</answer>'
+    that appears exactly once."""
+    tags = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
+    return [sum(0.25 for t in tags if completion_text(c).count(t) == 1) for c in completions]
+
+
+FORMAT = re.compile(r"<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>\s*", re.DOTALL)
+
+
+def format_reward(prompts, completions, **columns):
+    """Open-R1's format: 1 if the whole completion is '<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>'
+    (trailing whitespace allowed), else 0."""
+    return [float(FORMAT.fullmatch(completion_text(c)) is not None) for c in completions]
+
+
+def last_boxed(text):
+    """The content of the last \\boxed{...} (or \\fbox{...}), braces balanced; None if there is none."""
+    i = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if i < 0:
+        return None
+    start = text.index("{", i) + 1
+    depth = 1
+    for j in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[start:j]
+    return None
+
+
+def extract_answer(text):
+    """The final answer of a completion or a solution: the last \\boxed{} inside the last <answer>...</answer>
+    (or anywhere when there are no tags), else the tags' content; None if neither is there."""
+    tagged = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    boxed = last_boxed(tagged[-1] if tagged else text)
+    return boxed if boxed is not None else (tagged[-1] if tagged else None)
+
+
+def normalize_answer(s):
+    """Strip spaces, $, a trailing '.', \\text{} / \\mbox{} wrappers, \\left / \\right, thin spaces, a leading
+    '+' and a leading 'x =' ; \\dfrac and \\tfrac become \\frac."""
+    s = re.sub(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", r"\1", s)
+    s = re.sub(r"\\(?:left|right)(?![a-zA-Z])|\\[!,;:]|\$", "", s)
+    s = re.sub(r"\s+", "", s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")).rstrip(".")
+    s = re.sub(r"^[a-zA-Z]=", "", s)
+    return s[1:] if s.startswith("+") else s
+
+
+NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+
+
+def to_number(s):
+    """An exact Fraction for a normalised integer, decimal, a/b, \\frac{a}{b} or \\frac ab (one digit each),
+    with an optional '-'; None otherwise."""
+    sign = -1 if s.startswith("-") else 1
+    s = s[1:] if sign < 0 else s
+    m = (re.fullmatch(rf"\\frac\{{({NUMBER})\}}\{{({NUMBER})\}}", s) or re.fullmatch(r"\\frac(\d)(\d)", s)
+         or re.fullmatch(rf"({NUMBER})/({NUMBER})", s))
+    try:
+        if m:
+            return sign * Fraction(m.group(1)) / Fraction(m.group(2))
+        return sign * Fraction(s) if re.fullmatch(NUMBER, s) else None
+    except ZeroDivisionError:
+        return None
+
+
+def answers_match(predicted, gold):
+    p, g = normalize_answer(predicted), normalize_answer(gold)
+    if p == g:
+        return True
+    p, g = to_number(p), to_number(g)
+    return p is not None and g is not None and p == g
+
+
+def accuracy_reward(prompts, completions, solution=None, **columns):
+    """1 if the completion's answer (last \\boxed{}, or <answer> tags) equals the solution's (its last \\boxed{},
+    else its <answer> tags, else the whole solution), else 0. Equal means equal after `normalize_answer`, or,
+    where both are numbers (integers, decimals, a/b, \\frac), numerically equal (exact fractions: 0.5 = 1/2).
+    What a full math verifier (Open-R1's math_verify) judges and this does not: symbolic equivalence
+    (2\\sqrt{2} vs \\sqrt{8}, x+1 vs 1+x, \\pi/2 vs \\frac{\\pi}{2}), sets, tuples and intervals up to order or
+    spacing conventions, thousands separators (10,000), percentages, units and degrees, scientific notation,
+    equations other than a leading 'x =', matrices, and answers stated without tags or \\boxed{}."""
+    if solution is None:
+        raise ValueError("the 'accuracy' reward needs a 'solution' column in the dataset")
+    out = []
+    for c, sol in zip(completions, solution):
+        predicted = extract_answer(completion_text(c))
+        gold = extract_answer(sol)
+        gold = sol if gold is None else gold
+        out.append(float(predicted is not None and answers_match(predicted, gold)))
+    return out
+
+
+REWARD_FUNCS = {"tag_count": tag_count_reward, "format": format_reward, "accuracy": accuracy_reward}
+
+
+def default_reward_weights(names):
+    """--reward_weights when not given: 1 each, but 1, 1, 8 for tag_count, format, accuracy (Open-R1's math runs)."""
+    math_rewards = set(names) == {"tag_count", "format", "accuracy"}
+    return ",".join("8" if math_rewards and n == "accuracy" else "1" for n in names)
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO LOGIC: sampling, scoring and grouping (online rounds and evaluation)
+# ----------------------------------------------------------------------------------------------
+
+
+def make_scorer(name, tokenizer, device, args):
+    """reward(prompts, completions) -> list of floats: a built-in function or a reward model."""
+    builtin = {"toy": toy_task.reward, "toy_verify": toy_task.verify}
+    if name in builtin:
+        return builtin[name]
+    rm = AutoModelForSequenceClassification.from_pretrained(name, trust_remote_code=args.trust_remote_code).to(device).eval()
+    rm_tok = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+
+    @torch.no_grad()
+    def score(prompts, completions, **_):
+        if rm_tok.chat_template and isinstance(prompts[0], list):
+            texts = [rm_tok.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False)
+                     for p, c in zip(prompts, completions)]
+        else:
+            texts = [p + c for p, c in zip(prompts, completions)]
+        enc = rm_tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=args.max_length).to(device)
+        return rm(**enc).logits[:, 0].float().tolist()
+
+    return score
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_texts, n, args, greedy, seed):
+    """n completions per prompt (grouped per prompt), in batches of --generation_batch_size prompts."""
+    model.eval()
+    torch.manual_seed(seed)
+    tokenizer.padding_side = "left"
+    out = []
+    for i in range(0, len(prompt_texts), args.generation_batch_size):
+        enc = tokenizer(prompt_texts[i: i + args.generation_batch_size], return_tensors="pt", padding=True,
+                        add_special_tokens=tokenizer.chat_template is None).to(next(model.parameters()).device)
+        sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
+        seqs = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=n,
+                              pad_token_id=tokenizer.pad_token_id, synced_gpus=dist.is_initialized(), **sampling)
+        out += tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    tokenizer.padding_side = "right"
+    model.train()
+    return out
+
+
+def best_worst_pairs(prompts, completions, scores, n, threshold):
+    """Algorithm 1's pairing: per prompt, (best, worst) of its n samples if best - worst >= threshold."""
+    rows = []
+    for i, prompt in enumerate(prompts):
+        group = sorted(zip(scores[i * n: (i + 1) * n], completions[i * n: (i + 1) * n]), key=lambda t: t[0])
+        (worst_score, worst), (best_score, best) = group[0], group[-1]
+        if best_score - worst_score >= threshold and best != worst:
+            rows.append({"prompt": prompt, "chosen": best, "rejected": worst, "score_chosen": best_score, "score_rejected": worst_score})
+    return rows
+
+
+def online_round(policy, tokenizer, reward_fns, rows, args, seed, rank, world):
+    """Sample --num_generations completions for this process's share of a round's prompt rows and score them
+    (the weighted sum of `reward_fns` [(name, weight, fn)], which receive the rows' other columns). Groups of
+    G, or with --pairs_from_samples Algorithm 1's (best, worst) with their raw scores. All processes get all
+    groups: a list of (prompt, completions, rewards); stats (summed over processes by the caller)."""
+    g = args.num_generations
+    mine = rows[rank::world]
+    n_real = len(mine)
+    mine = mine + rows[:1] * (math.ceil(len(rows) / world) - n_real)  # same number of generate calls per rank
+    texts = [as_text(r["prompt"], i, "prompt", tokenizer) for i, r in enumerate(mine)]
+    completions = generate(policy, tokenizer, texts, g, args, greedy=False, seed=seed * 1000 + rank)[: n_real * g]
+    flat = [r for r in mine[:n_real] for _ in range(g)]
+    columns = {k: [r[k] for r in flat] for k in (flat[0] if flat else {}) if k != "prompt"}
+    per_fn = [fn([r["prompt"] for r in flat], completions, **columns) for _, _, fn in reward_fns]
+    scores = [sum(w * s[j] for (_, w, _), s in zip(reward_fns, per_fn)) for j in range(len(completions))]
+    prompts = [r["prompt"] for r in mine[:n_real]]
+    if args.pairs_from_samples:
+        groups = [(r["prompt"], [r["chosen"], r["rejected"]], [r["score_chosen"], r["score_rejected"]])
+                  for r in best_worst_pairs(prompts, completions, scores, g, args.reward_threshold)]
+    else:
+        groups = [(p, completions[i * g: (i + 1) * g], scores[i * g: (i + 1) * g]) for i, p in enumerate(prompts)]
+    stats = torch.tensor([sum(scores), len(scores), len(groups), sum(len(set(r)) == 1 for _, _, r in groups)]
+                         + [sum(s) for s in per_fn], dtype=torch.float64)
+    if world > 1:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, groups)
+        groups = [x for part in gathered for x in part]
+    return groups, stats
+
+
+@torch.no_grad()
+def evaluate(policy, tokenizer, scorer, prompts, args, rank, world, columns=None):
+    """Mean reward (and exact accuracy on the toy task) of greedy completions on held-out prompts;
+    `columns` (e.g. solution) go to the scorer."""
+    mine = prompts[rank::world]
+    mine += mine[:1] * (math.ceil(len(prompts) / world) - len(mine))  # same number of generate calls per rank
+    n_real = len(prompts[rank::world])
+    texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(mine)]
+    completions = generate(policy, tokenizer, texts, 1, args, greedy=True, seed=0)[:n_real]
+    sums = [sum(scorer(mine[:n_real], completions, **{k: v[rank::world] for k, v in (columns or {}).items()})), n_real]
+    if args.reward_model.startswith("toy"):
+        sums.append(sum(toy_task.verify(mine[:n_real], completions)))
+    sums = torch.tensor(sums, dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(sums)
+    out = {"eval/reward": (sums[0] / sums[1]).item()}
+    if len(sums) > 2:
+        out["eval/accuracy"] = (sums[2] / sums[1]).item()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# TRY NOT TO MODIFY: checkpoints
+# ----------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(output_dir, step, policy, ref, optimizer, scheduler, tokenizer, extra, rank, world):
+    """output_dir/checkpoint-STEP: the policy (save_pretrained, rank 0) and each process's training
+    state (its shards of policy, reference and optimizer; RNG states; data position). Written to a
+    temporary directory that is renamed when complete."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    final = os.path.join(output_dir, f"checkpoint-{step}")
+    tmp = final + ".tmp"
+    full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        os.makedirs(tmp, exist_ok=True)
+        unwrap(policy).save_pretrained(tmp, state_dict=full)
+        tokenizer.save_pretrained(tmp)
+    if world > 1:
+        dist.barrier()
+    state = {
+        "policy": {k: local(v).clone() for k, v in policy.state_dict().items()},
+        "ref": {k: local(v).clone() for k, v in ref.state_dict().items()} if ref is not None else None,
+        "optimizer": localize(optimizer.state_dict()),
+        "scheduler": scheduler.state_dict(),
+        "rng": {"python": random.getstate(), "numpy": numpy_state(), "torch": torch.get_rng_state()},
+        "step": step, "world_size": world, **extra,
+    }
+    torch.save(state, os.path.join(tmp, f"state-rank{rank}.pt"))
+    if world > 1:
+        dist.barrier()
+    if rank == 0:
+        shutil.rmtree(final, ignore_errors=True)  # only when a step is saved twice (the last one)
+        os.replace(tmp, final)
+    if world > 1:
+        dist.barrier()
+
+
+def numpy_state():
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return kind, torch.from_numpy(keys.copy()), pos, has_gauss, cached  # loadable with weights_only=True
+
+
+def localize(obj):
+    if isinstance(obj, dict):
+        return {k: localize(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [localize(v) for v in obj]
+    return local(obj).clone() if isinstance(obj, torch.Tensor) else obj
+
+
+def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
+    state = torch.load(os.path.join(path, f"state-rank{rank}.pt"), weights_only=True)
+    if state["world_size"] != world:
+        raise ValueError(f"{path} was written by {state['world_size']} processes; resume with the same number")
+    with torch.no_grad():
+        for module, saved in ((policy, state["policy"]), (ref, state["ref"])):
+            if module is not None:
+                for k, v in module.state_dict().items():
+                    local(v).copy_(saved[k])
+    opt_state = optimizer.state_dict()
+    restore_into(opt_state, state["optimizer"])
+    optimizer.load_state_dict(opt_state)
+    scheduler.load_state_dict(state["scheduler"])
+    random.setstate(state["rng"]["python"])
+    kind, keys, pos, has_gauss, cached = state["rng"]["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
+    torch.set_rng_state(state["rng"]["torch"])
+    return state
+
+
+def restore_into(live, saved):
+    """Copy saved local tensors into a live (possibly sharded) optimizer state dict, in place."""
+    for k, v in saved.items():
+        if k == "state":
+            for pid, s in v.items():
+                live["state"].setdefault(pid, {})
+                for name, t in s.items():
+                    cur = live["state"][pid].get(name)
+                    if isinstance(cur, torch.Tensor) and hasattr(cur, "to_local"):
+                        local(cur).copy_(t)
+                    else:
+                        live["state"][pid][name] = t
+        elif k == "param_groups":  # the saved hyperparameters (the scheduled lr), the live parameter ids
+            for group, saved_group in zip(live[k], v):
+                group.update({name: x for name, x in saved_group.items() if name != "params"})
+        else:
+            live[k] = v
+
+
+def newest_checkpoint(output_dir):
+    steps = [int(d.split("-")[1]) for d in os.listdir(output_dir)
+             if d.startswith("checkpoint-") and not d.endswith(".tmp") and d.split("-")[1].isdigit()] if os.path.isdir(output_dir) else []
+    return os.path.join(output_dir, f"checkpoint-{max(steps)}") if steps else None
+
+
+def unwrap(model):
+    return getattr(model, "module", model)
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------------------------
+
+if __name__ == "__main__":
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    args = HfArgumentParser(Args).parse_args_into_dataclasses(look_for_args_file=False)[0]
+    if args.offline and args.online:
+        raise SystemExit("choose one of --offline and --online")
+    args.offline = not args.online
+    if args.humanline:  # HUMANLINE: the design pattern = syncing before the optimizer step + clamping
+        args.sync, args.clip = "humanline", "clamp"
+    if args.sync not in ("none", "humanline", "trust_region") or args.clip not in ("none", "clamp", "sampling"):
+        raise SystemExit(f"--sync must be none|humanline|trust_region and --clip none|clamp|sampling, got {args.sync}, {args.clip}")
+    # ALGO LOGIC: derived GRPO settings
+    if args.pairs_from_samples and (args.offline or args.sample_every != 1):
+        raise SystemExit("--pairs_from_samples needs --online and samples once per round (--round_size), not --sample_every")
+    if args.kl_baseline not in ("reference", "initial"):
+        raise SystemExit(f"--kl_baseline must be reference|initial, got {args.kl_baseline}")
+    if args.eps is None:  # the paper: 0.5 for plain offline GRPO, 0.15 for everything else
+        args.eps = 0.5 if args.offline and args.sync == "none" and args.clip == "none" else 0.15
+    args.reward_funcs = args.reward_funcs or ("toy" if args.pairs_from_samples else "toy_verify")
+    reward_names = args.reward_funcs.split(",")
+    args.reward_weights = args.reward_weights or default_reward_weights(reward_names)
+    reward_weights = [float(w) for w in args.reward_weights.split(",")]
+    if len(reward_weights) != len(reward_names):
+        raise SystemExit(f"--reward_weights needs one weight per --reward_funcs name, got {args.reward_weights} for {args.reward_funcs}")
+    group_size = 2 if args.offline or args.pairs_from_samples else args.num_generations
+    if args.batch_size % group_size:
+        raise SystemExit(f"--batch_size {args.batch_size} must be a multiple of the group size {group_size}")
+    mode = ("online" if args.online else "offline") + ("-pairs" if args.pairs_from_samples else "") + \
+        (f"-every{args.sample_every}" if args.sample_every > 1 else "") + ("-humanline" if args.humanline else "")
+    if not args.humanline and (args.sync != "none" or args.clip != "none"):
+        mode += f"-sync_{args.sync}-clip_{args.clip}"
+    args.output_dir = args.output_dir or os.path.join("runs", f"grpo-{mode}-seed{args.seed}")
+
+    # TRY NOT TO MODIFY: distributed setup (torchrun sets RANK/WORLD_SIZE; otherwise one process)
+    distributed = "RANK" in os.environ
+    if distributed:  # gloo for CPU tensors (metrics, all_gather_object) beside NCCL on CUDA
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if args.batch_size % (args.micro_batch_size * world):
+        raise SystemExit(f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes "
+                         f"= {args.micro_batch_size} x {world}")
+    grad_accum = args.batch_size // (args.micro_batch_size * world)
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+
+    # model, reference, tokenizer
+    toy_paths = toy_task.build(verbose=rank == 0) if "toy" in (args.model_name_or_path, args.dataset.split(":")[0],
+                                                             args.eval_prompts, args.reward_model.split("_")[0]) else None
+    model_path = toy_paths.model if args.model_name_or_path == "toy" else args.model_name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=args.trust_remote_code)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    tokenizer.padding_side = "right"
+
+    def load_model():
+        model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=args.trust_remote_code,
+                                                     dtype=torch.float32).to(device)
+        if distributed:  # FSDP2: shard each decoder layer, then the rest; bf16 compute on CUDA
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else MixedPrecisionPolicy()
+            for module in model.modules():
+                if type(module).__name__ in (model._no_split_modules or []):
+                    fully_shard(module, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+        return model
+
+    policy = load_model()
+    policy.train()
+    # ALGO LOGIC: online without syncing, the ratio's denominator is the sampler's recorded log-probs: no reference model
+    sampler_denominator = args.online and args.sync == "none"
+    ref = None if sampler_denominator else load_model().eval().requires_grad_(False)  # sharded exactly like the policy
+    base = None  # ALGO LOGIC: --kl_baseline initial: a frozen starting policy (the offline reference when never synced)
+    if args.kl_baseline == "initial":
+        base = ref if args.offline and args.sync == "none" else load_model().eval().requires_grad_(False)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and not distributed)
+
+    # data
+    if args.offline:  # ALGO LOGIC: Algorithm 2: each pair is a group of two whose rewards rank chosen first
+        train_pairs, trunc = encode_pairs(load_rows(args.dataset, args.dataset_split, toy_paths, "preferences"), tokenizer, args)
+        train_groups = [(p, [c, r], [1.0, 0.0]) for p, c, r in train_pairs]
+        if len(train_groups) < args.batch_size // 2:
+            raise SystemExit(f"{args.dataset} has {len(train_groups)} pairs, fewer than one batch ({args.batch_size // 2})")
+        if rank == 0 and any(trunc.values()):
+            print(f"truncated: {trunc} (see --max_prompt_length, --max_length)")
+    else:
+        train_rows = [prompt_row(r, i, args) for i, r in enumerate(load_rows(args.dataset, args.dataset_split, toy_paths, "prompts"))]
+        reward_fns = [(n, w, REWARD_FUNCS.get(n) or make_scorer(n, tokenizer, device, args)) for n, w in zip(reward_names, reward_weights)]
+        prompts_per_round = args.round_size if args.pairs_from_samples else args.sample_every * args.batch_size // group_size
+    eval_rows = [] if args.eval_prompts == "none" else [
+        prompt_row(r, i, args) for i, r in enumerate(load_rows(args.eval_prompts, "test", toy_paths, "eval"))][: args.num_eval_prompts]
+    eval_prompts = [r["prompt"] for r in eval_rows]
+    eval_columns = {k: [r[k] for r in eval_rows] for k in (eval_rows[0] if eval_rows else {}) if k != "prompt"}
+    if eval_prompts:
+        scorer = REWARD_FUNCS.get(args.reward_model) or make_scorer(args.reward_model, tokenizer, device, args)
+
+    # optimizer and schedule
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, betas=(0.9, 0.999),
+                                  eps=args.adam_eps, weight_decay=args.weight_decay)
+    warmup = max(1, int(args.warmup_ratio * args.max_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (args.max_steps - s) / max(1, args.max_steps - warmup))))
+    sampling_params = humanline_sampling.limit_parameters(  # HUMANLINE: --clip sampling's Beta parameters
+        math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c)
+    sampling_gen = torch.Generator(device).manual_seed(args.seed + rank)
+
+    # resume
+    step, round_index, round_seqs, round_start = 0, 0, [], 0
+    ckpt = newest_checkpoint(args.output_dir) if args.resume else None
+    if ckpt:
+        state = load_checkpoint(ckpt, policy, ref, optimizer, scheduler, rank, world)
+        step, round_index, round_start = state["step"], state["round_index"], state["round_start"]
+        round_seqs = state["round_seqs"]
+        sampling_gen.set_state(state["sampling_gen"])
+        if rank == 0:
+            print(f"resumed from {ckpt} at step {step}")
+    if rank == 0:
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, "args.json"), "w") as f:
+            json.dump(asdict(args), f, indent=2)
+    log_file = open(os.path.join(args.output_dir, "metrics.jsonl"), "a") if rank == 0 else None
+
+    def log(record):
+        if rank == 0:
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+
+    def checkpoint():
+        save_checkpoint(args.output_dir, step, policy, ref, optimizer, scheduler, tokenizer,
+                        {"round_index": round_index, "round_seqs": round_seqs, "round_start": round_start,
+                         "sampling_gen": sampling_gen.get_state(), "args": asdict(args)}, rank, world)
+
+    # the loop
+    bar = tqdm(total=args.max_steps, initial=step, desc=f"grpo {mode}", disable=rank != 0, dynamic_ncols=True)
+    while step < args.max_steps:
+        t0 = time.time()
+        if args.online and step - round_start >= len(round_seqs) // args.batch_size:
+            # ALGO LOGIC: the sample buffer is spent: sample the next --sample_every steps' groups (or a round
+            # of pairs) from the policy, score them, compute the advantages, record the sampler's log-probs
+            order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(args.seed + round_index))
+            rows = [train_rows[i] for i in order[: prompts_per_round].tolist()]
+            groups, stats = online_round(policy, tokenizer, reward_fns, rows, args, args.seed + round_index, rank, world)
+            if world > 1:
+                dist.all_reduce(stats)
+            round_index += 1
+            if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
+                groups = [groups[i] for i in torch.randperm(len(groups), generator=torch.Generator().manual_seed(args.seed + round_index)).tolist()]
+            round_seqs = group_sequences(encode_groups(groups, tokenizer, args)[0])
+            round_seqs, round_start = round_seqs[: len(round_seqs) // args.batch_size * args.batch_size], step
+            if sampler_denominator:
+                round_seqs = record_sampler_logps(policy, round_seqs, tokenizer.pad_token_id, args, device, autocast, rank, world)
+            record = {"step": step, "online/round": round_index, "online/sample_reward": (stats[0] / stats[1]).item(),
+                      "online/groups": len(groups), "online/zero_std_frac": (stats[3] / max(1, stats[2])).item(),
+                      "online/steps": len(round_seqs) // args.batch_size, "online/seconds": time.time() - t0}
+            if args.pairs_from_samples:
+                record["online/kept_frac"] = len(groups) / len(rows)
+            if len(reward_fns) > 1:
+                record |= {f"online/rewards/{n}": (s / stats[1]).item() for (n, _, _), s in zip(reward_fns, stats[4:])}
+            log(record)
+            if not round_seqs:
+                raise SystemExit(f"round {round_index} gave {len(groups)} groups, fewer than one batch of {args.batch_size} "
+                                 "sequences; raise --round_size or lower --reward_threshold (pairs), or use more prompts")
+            continue
+        if args.online:
+            batch = round_seqs[(step - round_start) * args.batch_size: (step - round_start + 1) * args.batch_size]
+        else:  # offline: a fixed permutation per epoch, so a step's batch depends on the step only
+            per_step = args.batch_size // 2
+            per_epoch = len(train_groups) // per_step
+            epoch, pos = divmod(step, per_epoch)
+            order = torch.randperm(len(train_groups), generator=torch.Generator().manual_seed(args.seed + epoch))
+            batch = group_sequences([train_groups[i] for i in order[pos * per_step: (pos + 1) * per_step].tolist()])
+        micros = micro_batches(batch, args, rank, world)
+        # ALGO LOGIC: DAPO normalisation: the step's completion tokens over all micro-batches and processes
+        local_tokens = sum(len(c) for seqs in micros for _, c, *_ in seqs)
+        n_tokens = torch.tensor(float(local_tokens), dtype=torch.float64, device=device)
+        if world > 1:
+            dist.all_reduce(n_tokens)
+        n_tokens = max(1.0, n_tokens.item())
+
+        sums = {}
+        for micro, seqs in enumerate(micros):
+            ids, attn, mask = collate([s[:2] for s in seqs], tokenizer.pad_token_id, device)
+            if distributed:
+                policy.set_requires_gradient_sync(micro == grad_accum - 1)  # reduce-scatter once per step
+            with autocast:
+                with torch.no_grad():
+                    ref_logps = token_logps(ref, ids, attn, mask) if ref is not None else None
+                    base_logps = token_logps(base, ids, attn, mask) if base is not None and base is not ref else None
+                policy_logps = token_logps(policy, ids, attn, mask)
+            mask = mask[:, 1:]
+            # ALGO LOGIC: the ratio's denominator: the sampler (PPO's theta_old) online without syncing, else the
+            # reference (frozen offline, synced under --sync); the KL baseline: the denominator, or the initial policy
+            denominator = completion_values([s[4] for s in seqs], [s[:2] for s in seqs], mask) if sampler_denominator else ref_logps
+            baseline = denominator if base is None else (ref_logps if base is ref else base_logps)
+            bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
+            rejected = None
+            if args.clip == "sampling":  # HUMANLINE (ablation): rejected tokens' ratios are detached instead of clamped
+                rejected = humanline_sampling.rejection_mask(policy_logps, denominator, *sampling_params, generator=sampling_gen)
+            advantages = torch.tensor([s[2] for s in seqs], device=device)
+            loss, metrics = grpo_loss(policy_logps, denominator, baseline, mask, advantages, args.eps, args.beta, *bounds,
+                                      num_tokens=n_tokens, rejected=rejected)
+            (loss * world).backward()  # FSDP2 averages the gradients over processes
+            metrics["loss"] = loss.detach()
+            metrics["humanline/clamped_frac"] = clamped_fraction(policy_logps, denominator, mask, args.log_eps_P, args.log_eps_R).sum() / args.batch_size
+            metrics["completion_length"] = mask.sum() / args.batch_size
+            if args.online:
+                metrics["reward"] = torch.tensor(sum(s[3] for s in seqs) / args.batch_size)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v.sum().item()
+        grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, step)
+        step += 1
+
+        # TRY NOT TO MODIFY: logging, evaluation, checkpoints
+        totals = torch.tensor([sums[k] for k in sorted(sums)] + [local_tokens], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(totals)
+        record = dict(zip(sorted(sums), totals.tolist()))  # every metric is already a mean over the step
+        record |= {"step": step, "grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0],
+                   "tokens_per_s": totals[-1].item() / (time.time() - t0)}
+        if args.online:  # which sample buffer this step trained on, and how many steps after it was sampled
+            record |= {"online/round": round_index, "online/staleness": step - 1 - round_start}
+        if eval_prompts and ((args.eval_every and step % args.eval_every == 0) or step == args.max_steps):
+            record |= evaluate(policy, tokenizer, scorer, eval_prompts, args, rank, world, eval_columns)
+        if step % args.log_every == 0 or "eval/reward" in record:
+            log(record)
+        bar.update(1)
+        bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in ("loss", "kl", "reward", "eval/reward") if k in record})
+        if (args.save_every and step % args.save_every == 0) or step == args.max_steps:
+            checkpoint()
+    bar.close()
+
+    # final save: a Hugging Face model directory
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        unwrap(policy).save_pretrained(args.output_dir, state_dict=full)
+        tokenizer.save_pretrained(args.output_dir)
+        print(f"saved to {args.output_dir}")
+    if distributed:
+        dist.destroy_process_group()

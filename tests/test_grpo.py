@@ -1,0 +1,565 @@
+"""Tests of grpo_humanline.py: group advantages and the loss against hand-computed values (clamp, eps
+clip, KL, zero gradients), DAPO token normalisation across micro-batches and processes, the reward
+functions, the order of syncing, the sample buffer (the sampler's log-probs as denominator), and
+end-to-end runs on the toy task (every mode, two processes = one)."""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_humanline import (
+    Args,
+    accuracy_reward,
+    collate,
+    completion_values,
+    default_reward_weights,
+    encode,
+    format_reward,
+    group_advantages,
+    group_sequences,
+    grpo_loss,
+    micro_batches,
+    online_round,
+    optimizer_step,
+    record_sampler_logps,
+    tag_count_reward,
+    token_logps,
+)
+
+torch.set_num_threads(1)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LO, HI = -1.5, 1.5
+
+
+# ----------------------------------------------------------------------------------------------
+# group_advantages
+# ----------------------------------------------------------------------------------------------
+
+
+def test_group_of_two_distinct_rewards_is_exactly_minus_one_plus_one():
+    adv = group_advantages(torch.tensor([0.2, 0.9, 3.0, -1.0, 0.1, 0.7], dtype=torch.float64), 2)
+    assert adv.tolist() == [-1.0, 1.0, 1.0, -1.0, -1.0, 1.0]
+    assert group_advantages(torch.tensor([0.0, 1.0, 1.0, 0.0]), 4).tolist() == [-1.0, 1.0, 1.0, -1.0]
+
+
+def test_equal_rewards_give_zero_advantage():
+    assert group_advantages(torch.tensor([0.7, 0.7]), 2).tolist() == [0.0, 0.0]
+    # 0.1 * 3 / 3 rounds: a naive (R - mean) / std would give +-1 from a std of ~1e-17
+    adv = group_advantages(torch.tensor([0.1, 0.1, 0.1, 1.0, 2.0, 3.0], dtype=torch.float64), 3)
+    assert adv[:3].tolist() == [0.0, 0.0, 0.0]
+    assert torch.isfinite(adv).all()
+
+
+def test_group_of_four_by_hand_with_population_std():
+    rewards = [1.0, 2.0, 3.0, 4.0, 1.0, 0.0, 0.0, 0.0]
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), 4).tolist()
+    # group 1: mean 2.5, population variance (2.25 + 0.25 + 0.25 + 2.25) / 4 = 1.25
+    s = math.sqrt(1.25)
+    assert adv[:4] == pytest.approx([-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s], rel=1e-12)
+    # group 2: mean 0.25, variance (0.5625 + 3 * 0.0625) / 4 = 0.1875 (the unbiased std would differ)
+    s = math.sqrt(0.1875)
+    assert adv[4:] == pytest.approx([0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s], rel=1e-12)
+    assert adv[4] == pytest.approx(math.sqrt(3), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+# grpo_loss: hand-computed values and gradients
+# ----------------------------------------------------------------------------------------------
+
+# (batch 3, seq 3); token log-ratios policy - ref, written out:
+#   row 0, A = +1:   [ 2.0, -0.1,  0.05 (masked)]
+#   row 1, A = -1:   [-0.2,  2.0, -2.0]
+#   row 2, A = +0.5: [-2.0,  0.1,  1.0 (masked)]
+POL = [[-1.0, -2.0, -0.5], [-0.3, -1.0, -2.5], [-2.5, -0.4, -1.0]]
+REF = [[-3.0, -1.9, -0.55], [-0.1, -3.0, -0.5], [-0.5, -0.5, -2.0]]
+BASE = [[-1.2, -2.1, -0.4], [-0.5, -0.8, -2.2], [-2.0, -0.6, -0.9]]
+MASK = [[1, 1, 0], [1, 1, 1], [1, 1, 0]]
+ADV = [1.0, -1.0, 0.5]
+EPS, BETA = 0.2, 0.1
+
+
+def hand_token(p, r, q, a, eps, beta, lo=None, hi=None):
+    """One token's -min(r A, clip(r) A) + beta KL_t, and its KL_t, in plain Python."""
+    x = p - r
+    if lo is not None:
+        x = min(max(x, lo), hi)
+    ratio = math.exp(x)
+    clipped = min(max(ratio, 1 - eps), 1 + eps)
+    kl = math.exp(q - p) - (q - p) - 1
+    return -min(ratio * a, clipped * a) + beta * kl, kl
+
+
+def hand_loss(eps=EPS, beta=BETA, lo=None, hi=None, mask=MASK):
+    total, kl_total, n = 0.0, 0.0, 0
+    for i in range(len(POL)):
+        for j in range(len(POL[0])):
+            if mask[i][j]:
+                v, kl = hand_token(POL[i][j], REF[i][j], BASE[i][j], ADV[i], eps, beta, lo, hi)
+                total, kl_total, n = total + v, kl_total + kl, n + 1
+    return total / n, kl_total / n
+
+
+def inputs(requires_grad=False):
+    t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    return t(POL).requires_grad_(requires_grad), t(REF), t(BASE), t(MASK), t(ADV)
+
+
+@pytest.mark.parametrize("clamp", [False, True], ids=["unclamped", "clamped"])
+def test_grpo_loss_matches_hand_computed_value(clamp):
+    bounds = (LO, HI) if clamp else (None, None)
+    loss, metrics = grpo_loss(*inputs(), EPS, BETA, *bounds)
+    expected, kl = hand_loss(lo=bounds[0], hi=bounds[1])
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert metrics["kl"].item() == pytest.approx(kl, rel=1e-12)
+
+
+def test_clamp_changes_the_loss_by_hand():
+    unclamped, _ = grpo_loss(*inputs(), EPS, BETA)
+    clamped, _ = grpo_loss(*inputs(), EPS, BETA, LO, HI)
+    # only row 1 token 1 (log-ratio 2.0, A = -1) differs: e^2 unclamped, e^1.5 clamped (A < 0: not eps-clipped)
+    # row 2 token 0 (log-ratio -2.0, A = 0.5): e^-2 * 0.5 vs e^-1.5 * 0.5 (the min picks the unclipped side)
+    n = 7
+    diff = (math.exp(2.0) - math.exp(1.5)) + 0.5 * (-math.exp(-2.0) + math.exp(-1.5))
+    assert (unclamped - clamped).item() == pytest.approx(diff / n, rel=1e-12)
+
+
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+def test_log_ratio_two_under_humanline_is_clamped_then_eps_clipped(advantage):
+    p = torch.tensor([[0.0]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-2.0]], dtype=torch.float64)  # log-ratio 2.0
+    mask, a = torch.ones(1, 1, dtype=torch.float64), torch.tensor([advantage], dtype=torch.float64)
+    loss, metrics = grpo_loss(p, ref, p.detach(), mask, a, EPS, BETA, LO, HI)  # baseline = policy: KL 0
+    loss.backward()
+    if advantage > 0:  # clamped to e^1.5 > 1 + eps: the eps clip gives (1 + eps) A
+        assert loss.item() == pytest.approx(-(1 + EPS) * advantage, rel=1e-12)
+        assert metrics["clip_frac"].item() == 1.0
+    else:  # A < 0: the min keeps the clamped ratio e^1.5, not e^2
+        assert loss.item() == pytest.approx(math.exp(1.5), rel=1e-12)
+    assert p.grad.item() == 0.0
+    # without humanline the same token: e^2 for A < 0 with a live gradient
+    p.grad = None
+    loss, _ = grpo_loss(p, ref, p.detach(), mask, a, EPS, BETA)
+    loss.backward()
+    if advantage < 0:
+        assert loss.item() == pytest.approx(math.exp(2.0), rel=1e-12)
+        assert p.grad.item() == pytest.approx(math.exp(2.0), rel=1e-12)
+
+
+def test_kl_term_is_not_clamped():
+    for bounds in ((None, None), (LO, HI)):
+        l0, m0 = grpo_loss(*inputs(), EPS, 0.0, *bounds)
+        l1, m1 = grpo_loss(*inputs(), EPS, 0.3, *bounds)
+        assert (l1 - l0).item() == pytest.approx(0.3 * hand_loss()[1], rel=1e-12)
+        assert m1["kl"].item() == pytest.approx(hand_loss()[1], rel=1e-12)
+
+
+@pytest.mark.parametrize("beta", [0.0, BETA])
+def test_clamped_tokens_get_no_ratio_gradient(beta):
+    p, ref, base, mask, adv = inputs(requires_grad=True)
+    loss, _ = grpo_loss(p, ref, base, mask, adv, EPS, beta, LO, HI)
+    loss.backward()
+    n = 7
+    for i in range(3):
+        for j in range(3):
+            x = POL[i][j] - REF[i][j]
+            kl_grad = beta * (1 - math.exp(BASE[i][j] - POL[i][j])) / n  # d KL_t / dp
+            if not MASK[i][j]:
+                assert p.grad[i, j].item() == 0.0
+            elif not LO <= x <= HI:  # clamped: only the (unclamped) KL term's gradient remains
+                assert p.grad[i, j].item() == pytest.approx(kl_grad, rel=1e-12, abs=1e-300)
+                if beta == 0:
+                    assert p.grad[i, j].item() == 0.0
+    # row 0 token 1 (log-ratio -0.1, A = +1, inside every range) has a live ratio gradient: -r A / n + KL
+    r = math.exp(-0.1)
+    assert p.grad[0, 1].item() == pytest.approx(-r / n + beta * (1 - math.exp(BASE[0][1] - POL[0][1])) / n, rel=1e-12)
+
+
+def test_rejected_tokens_pass_no_ratio_gradient():
+    p, ref, base, mask, adv = inputs(requires_grad=True)
+    rejected = torch.zeros(3, 3, dtype=torch.bool)
+    rejected[0, 1] = True
+    loss, _ = grpo_loss(p, ref, base, mask, adv, EPS, 0.0, rejected=rejected)
+    loss.backward()
+    assert p.grad[0, 1].item() == 0.0 and p.grad[1, 0].item() != 0.0
+    assert loss.item() == pytest.approx(hand_loss(beta=0.0)[0], rel=1e-12)  # same value
+
+
+# ----------------------------------------------------------------------------------------------
+# DAPO normalisation: micro-batches and processes = one big batch
+# ----------------------------------------------------------------------------------------------
+
+
+def random_batch(n=6, seq=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pol = -torch.rand(n, seq, generator=g, dtype=torch.float64) * 3
+    ref = pol + torch.randn(n, seq, generator=g, dtype=torch.float64)
+    base = pol + 0.5 * torch.randn(n, seq, generator=g, dtype=torch.float64)
+    lengths = [1, 5, 3, 2, 4, 5]
+    mask = torch.tensor([[1.0] * k + [0.0] * (seq - k) for k in lengths], dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.5, 0.0], dtype=torch.float64)
+    return pol, ref, base, mask, adv
+
+
+def test_token_normalisation_across_micro_batches_and_ranks_equals_one_batch():
+    pol, ref, base, mask, adv = random_batch()
+    big_p = pol.clone().requires_grad_(True)
+    big, _ = grpo_loss(big_p, ref, base, mask, adv, EPS, BETA, LO, HI)
+    big.backward()
+
+    world = 2
+    parts = {0: [[0, 1], [2]], 1: [[3], [4, 5]]}  # two ranks, two micro-batches each, uneven token counts
+    n_tokens = mask.sum()  # all micro-batches of all ranks, counted before any backward
+    p = pol.clone().requires_grad_(True)
+    total, grads = 0.0, []
+    for rank, micros in parts.items():
+        p.grad = None
+        for rows in micros:
+            loss, _ = grpo_loss(p[rows], ref[rows], base[rows], mask[rows], adv[rows], EPS, BETA, LO, HI, num_tokens=n_tokens)
+            (loss * world).backward()  # the script's scaling: FSDP2 then averages over ranks
+            total += loss.item()
+        grads.append(p.grad.clone())
+    assert total == pytest.approx(big.item(), rel=1e-12)
+    torch.testing.assert_close(sum(grads) / world, big_p.grad, rtol=1e-12, atol=1e-15)
+
+    # a per-micro-batch mean would weigh tokens differently: the test can tell
+    naive = sum(grpo_loss(pol[r], ref[r], base[r], mask[r], adv[r], EPS, BETA, LO, HI)[0].item()
+                for micros in parts.values() for r in micros) / 4
+    assert naive != pytest.approx(big.item(), rel=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reward functions
+# ----------------------------------------------------------------------------------------------
+
+GOOD = "<think>\nadd them\n</think>\n<answer>\n42\n</answer>"
+
+
+def test_tag_count_reward():
+    completions = [GOOD, "<think>\nabc\n</think>\n42", "<think>\n<think>\nx\n</think>\n<answer>\n1\n</answer>", "42", ""]
+    assert tag_count_reward(None, completions) == [1.0, 0.5, 0.75, 0.0, 0.0]
+    assert tag_count_reward(None, [[{"role": "assistant", "content": GOOD}]]) == [1.0]
+
+
+def test_format_reward():
+    completions = [GOOD, GOOD + "\n", "<think>add</think><answer>42</answer>", "so " + GOOD, GOOD + " and more",
+                   "<think>\na\nb\n</think>\n<answer>\n\\boxed{1}\n</answer>"]
+    assert format_reward(None, completions) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+
+
+ACCURACY_CASES = [  # (completion, solution, reward)
+    ("<answer>\n\\boxed{\\frac{1}{2}}\n</answer>", "so $\\boxed{0.5}$.", 1.0),  # fraction = decimal
+    ("\\boxed{1/2}", "\\boxed{\\frac12}", 1.0),
+    ("<answer>0.5</answer>", "\\boxed{\\dfrac{1}{2}}", 1.0),  # answer tags, \dfrac
+    ("\\boxed{\\frac{2}{4}}", "\\boxed{\\frac{1}{2}}", 1.0),
+    ("\\boxed{-\\frac{3}{4}}", "\\boxed{-0.75}", 1.0),
+    ("The answer is $\\boxed{ 42. }$", "The answer is $\\boxed{42}$.", 1.0),  # spaces, $, trailing .
+    ("\\boxed{+7}", "7", 1.0),  # leading +, a bare solution
+    ("\\boxed{x = 3}", "\\boxed{3}", 1.0),
+    ("\\boxed{\\text{(B)}}", "\\boxed{(B)}", 1.0),
+    ("\\boxed{\\left( 3, 4 \\right)}", "\\boxed{(3,4)}", 1.0),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\boxed{\\frac{\\sqrt{3}}{2}}", 1.0),  # nested braces
+    ("first \\boxed{1}, finally \\boxed{2}", "\\boxed{2}", 1.0),  # the last box
+    ("\\boxed{5} <answer>6</answer>", "6", 1.0),  # the answer tags win
+    ("\\boxed{43}", "\\boxed{42}", 0.0),  # wrong
+    ("<answer>0.333</answer>", "\\boxed{\\frac{1}{3}}", 0.0),  # not exactly 1/3
+    ("the answer is 42", "\\boxed{42}", 0.0),  # no tags, no box
+    ("\\boxed{\\sqrt{8}}", "\\boxed{2\\sqrt{2}}", 0.0),  # symbolic equivalence: beyond this verifier
+    ("\\boxed{1/0}", "\\boxed{0}", 0.0),
+    ("\\boxed{", "\\boxed{1}", 0.0),  # unbalanced
+]
+
+
+@pytest.mark.parametrize("completion, solution, reward", ACCURACY_CASES)
+def test_accuracy_reward(completion, solution, reward):
+    assert accuracy_reward(None, [completion], solution=[solution]) == [reward]
+
+
+def test_accuracy_needs_a_solution_column():
+    with pytest.raises(ValueError, match="solution"):
+        accuracy_reward(None, ["\\boxed{1}"])
+
+
+def test_default_reward_weights():
+    assert default_reward_weights(["tag_count", "format", "accuracy"]) == "1,1,8"
+    assert default_reward_weights(["accuracy", "format", "tag_count"]) == "8,1,1"
+    assert default_reward_weights(["toy_verify"]) == "1"
+    assert default_reward_weights(["format", "accuracy"]) == "1,1"
+
+
+# ----------------------------------------------------------------------------------------------
+# Syncing around the optimizer step
+# ----------------------------------------------------------------------------------------------
+
+
+def linear_setup():
+    torch.manual_seed(0)
+    policy, ref = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    ref.load_state_dict(policy.state_dict())
+    opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+    return policy, ref.requires_grad_(False), opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+
+def weights(m):
+    return [p.detach().clone() for p in m.parameters()]
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("sync", ["humanline", "trust_region", "none"])
+def test_sync_every_3_copies_pre_or_post_update(sync):
+    policy, ref, opt, sched = linear_setup()
+    initial, changed = weights(ref), []
+    for t in range(7):
+        policy(torch.full((1, 3), float(t + 1))).pow(2).sum().backward()
+        before, ref_before = weights(policy), weights(ref)
+        optimizer_step(policy, ref, opt, sched, 1e9, sync, 3, t)
+        after = weights(policy)
+        assert not same(before, after)
+        if not same(weights(ref), ref_before):
+            changed.append(t)
+            # humanline: the reference holds the pre-update weights; trust region: the updated ones
+            assert same(weights(ref), before if sync == "humanline" else after)
+            assert not same(weights(ref), after if sync == "humanline" else before)
+    assert changed == ([] if sync == "none" else [2, 5])
+    if sync == "none":
+        assert same(weights(ref), initial)
+
+
+# ----------------------------------------------------------------------------------------------
+# The sample buffer: groups -> sequences, the sampler's log-probs, online rounds
+# ----------------------------------------------------------------------------------------------
+
+
+def test_group_sequences_lays_out_groups_with_their_advantages():
+    groups = [([1], [[2], [3], [4]], [1.0, 0.0, 0.0]), ([5], [[6], [7], [8]], [2.0, 2.0, 2.0])]
+    seqs = group_sequences(groups)
+    assert [(p, c, r) for p, c, _, r, _ in seqs] == [([1], [2], 1.0), ([1], [3], 0.0), ([1], [4], 0.0),
+                                                     ([5], [6], 2.0), ([5], [7], 2.0), ([5], [8], 2.0)]
+    assert [a for _, _, a, _, _ in seqs] == pytest.approx([math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 0, 0, 0])
+    assert all(s[4] is None for s in seqs)
+    pairs = group_sequences([([1], [[2], [3]], [1.0, 0.0])])
+    assert [s[2] for s in pairs] == [1.0, -1.0]
+
+
+def test_micro_batches_split_a_step_by_rank_then_micro_batch():
+    args = Args(micro_batch_size=2)
+    batch = list(range(8))
+    assert micro_batches(batch, args, 0, 1) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert micro_batches(batch, args, 0, 2) == [[0, 1], [2, 3]]
+    assert micro_batches(batch, args, 1, 2) == [[4, 5], [6, 7]]
+
+
+@pytest.fixture(scope="module")
+def toy_model(toy):
+    return AutoModelForCausalLM.from_pretrained(toy.model).eval(), AutoTokenizer.from_pretrained(toy.model)
+
+
+@pytest.mark.parametrize("rank, world", [(0, 1), (1, 2)])
+def test_recorded_sampler_logps_equal_the_training_forward_exactly(toy_model, rank, world):
+    model, tok = toy_model
+    args = Args(batch_size=4, micro_batch_size=2)
+    counts = {"truncated_prompts": 0, "truncated_completions": 0}
+    texts = [("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"), ("100+200=", "0+0+0=00;0+0+0=00;1+2+0=03>0300"),
+             ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
+    pairs = [encode(tok, p, c + tok.eos_token, args, counts) for p, c in texts]
+    seqs = [(p, c, 1.0, 1.0, None) for p, c in pairs][:8]  # two steps of 4
+    recorded = record_sampler_logps(model, seqs, tok.pad_token_id, args, torch.device("cpu"),
+                                    torch.autocast("cpu", enabled=False), rank, world)
+    mine = set()
+    for s in range(2):
+        for micro in micro_batches(list(range(s * 4, (s + 1) * 4)), args, rank, world):
+            mine |= set(micro)
+            batch = [recorded[i] for i in micro]
+            ids, attn, mask = collate([b[:2] for b in batch], tok.pad_token_id, "cpu")
+            with torch.no_grad():
+                expected = token_logps(model, ids, attn, mask)
+            got = completion_values([b[4] for b in batch], [b[:2] for b in batch], mask[:, 1:])
+            assert torch.equal(got, expected)  # so the first ratio after sampling is exactly 1
+    assert all((recorded[i][4] is None) == (i not in mine) for i in range(8))
+    assert all(recorded[i][:4] == seqs[i][:4] for i in range(8))
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["groups", "pairs_from_samples"])
+def test_online_round_weights_rewards_and_groups_samples(toy_model, pairs):
+    model, tok = toy_model
+    args = Args(num_generations=3, pairs_from_samples=pairs, reward_threshold=0.5)
+    rows = [{"prompt": "123+789=", "solution": "912"}, {"prompt": "100+200=", "solution": "300"}]
+    seen = {}
+
+    def count(prompts, completions, solution=None, **_):
+        seen["solution"] = solution
+        return [float(k) for k in range(len(completions))]
+
+    reward_fns = [("ones", 1.0, lambda p, c, **_: [1.0] * len(c)), ("count", 8.0, count)]
+    groups, stats = online_round(model, tok, reward_fns, rows, args, seed=1, rank=0, world=1)
+    assert seen["solution"] == ["912"] * 3 + ["300"] * 3  # the other columns reach the reward functions
+    scores = [1.0 + 8.0 * k for k in range(6)]
+    if pairs:  # best and worst of each prompt's 3 samples (unless identical), with their raw (weighted) scores
+        assert len(groups) == stats[2].item() and len(groups) <= 2
+        for prompt, completions, rewards in groups:
+            i = [r["prompt"] for r in rows].index(prompt)
+            assert rewards == [scores[3 * i + 2], scores[3 * i]] and completions[0] != completions[1]
+    else:
+        assert [(g[0], g[2], len(g[1])) for g in groups] == [("123+789=", scores[:3], 3), ("100+200=", scores[3:], 3)]
+    assert stats[0].item() == sum(scores) and stats[1].item() == 6 and stats[4].item() == 6 and stats[5].item() == 15
+
+
+# ----------------------------------------------------------------------------------------------
+# End to end on the toy task: each run a subprocess, shared between the tests that need it
+# ----------------------------------------------------------------------------------------------
+
+STEPS = 3
+BASE_ARGS = ["--max_steps", str(STEPS), "--batch_size", "8", "--eval_every", "0", "--num_eval_prompts", "16",
+             "--num_generations", "4", "--save_every", "0"]
+ENV = {k: v for k, v in os.environ.items()
+       if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass
+class Run:
+    cmd: list
+    out: str
+    proc: subprocess.CompletedProcess
+
+    def check(self):
+        assert self.proc.returncode == 0, (
+            f"{' '.join(self.cmd)}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}")
+        return self
+
+    @property
+    def records(self):
+        with open(os.path.join(self.out, "metrics.jsonl")) as f:
+            return [json.loads(line) for line in f]
+
+    @property
+    def steps(self):
+        return [r for r in self.records if "loss" in r]
+
+    @property
+    def rounds(self):
+        return [r for r in self.records if "online/sample_reward" in r]
+
+
+@pytest.fixture(scope="module")
+def grpo_run(toy, tmp_path_factory):
+    """run(extra_args, nproc, micro_batch_size) -> Run, each distinct command run once per module."""
+    cache = {}
+
+    def run(extra, nproc=1, micro=4):
+        key = (tuple(extra), nproc, micro)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("grpo")
+            launcher = [sys.executable] if nproc == 1 else [
+                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+            cmd = [*launcher, "grpo_humanline.py", *BASE_ARGS, "--micro_batch_size", str(micro), *extra, "--output_dir", str(out)]
+            proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+            cache[key] = Run(cmd, str(out), proc)
+        return cache[key]
+
+    return run
+
+
+E2E = {
+    "offline": [],
+    "offline-humanline": ["--offline", "--humanline"],
+    "online": ["--online", "--sample_every", "1"],
+    "online-sample_every_2": ["--online", "--sample_every", "2"],
+    "online-humanline-sync_every_2": ["--online", "--humanline", "--sync_every", "2"],
+    "online-pairs": ["--online", "--pairs_from_samples", "--round_size", "16"],
+    "sync_trust_region": ["--sync", "trust_region"],
+    "clip_sampling": ["--clip", "sampling"],
+}
+
+
+@pytest.mark.parametrize("name", list(E2E))
+def test_end_to_end(name, grpo_run):
+    run = grpo_run(E2E[name]).check()
+    steps = run.steps
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    for r in steps:
+        for k in ("loss", "kl", "clip_frac", "ratio/abs_log", "logps", "grad_norm", "lr", "humanline/clamped_frac"):
+            assert math.isfinite(r[k]), (k, r)
+        assert 0 <= r["clip_frac"] <= 1 and 0 <= r["humanline/clamped_frac"] <= 1 and r["kl"] >= 0
+    # at the first step the policy is its reference (or its own sampler) and the KL baseline
+    assert steps[0]["ratio/abs_log"] == 0 and steps[0]["kl"] == 0
+    assert "eval/reward" in steps[-1] and 0 <= steps[-1]["eval/accuracy"] <= 1
+    args = json.load(open(os.path.join(run.out, "args.json")))
+    if name == "sync_trust_region":  # synced after every update: the ratio is always 1
+        assert all(r["ratio/abs_log"] == 0 for r in steps)
+    if name.startswith("offline"):
+        assert all(r["ratio/abs_log"] > 0 for r in steps[1:])  # the policy moved off its (frozen or synced) reference
+        assert args["eps"] == (0.15 if "humanline" in name else 0.5)
+        assert (args["sync"], args["clip"]) == (("humanline", "clamp") if "humanline" in name else ("none", "none"))
+    if name.startswith("online"):
+        assert run.rounds and run.rounds[0]["step"] == 0 and args["eps"] == 0.15
+        assert all(math.isfinite(r["reward"]) for r in steps)
+    if name == "online-pairs":
+        assert args["reward_funcs"] == "toy" and all(0 < r["online/kept_frac"] <= 1 for r in run.rounds)
+    elif name.startswith("online"):
+        assert args["reward_funcs"] == "toy_verify" and all(r["online/groups"] == 2 * int(args["sample_every"]) for r in run.rounds)
+    if name == "online-humanline-sync_every_2":
+        # the denominator is the synced reference, not the sampler: step 2 (fresh samples, reference still the
+        # starting policy) sees a ratio != 1
+        assert steps[1]["online/staleness"] == 0 and steps[1]["ratio/abs_log"] > 0
+    model = AutoModelForCausalLM.from_pretrained(run.out)  # the final model directory loads
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+EVERY_4 = ["--online", "--sample_every", "4", "--max_steps", "5", "--save_every", "2"]
+
+
+def test_sample_every_4_reuses_samples_with_the_sampler_as_denominator(grpo_run):
+    run = grpo_run(EVERY_4).check()
+    steps, rounds = run.steps, run.rounds
+    assert [r["step"] for r in rounds] == [0, 4]  # sampled before steps 1 and 5
+    assert all(r["online/steps"] == 4 and r["online/groups"] == 8 for r in rounds)  # 4 steps x 8 / G prompts
+    assert [r["online/round"] for r in steps] == [1, 1, 1, 1, 2]
+    assert [r["online/staleness"] for r in steps] == [0, 1, 2, 3, 0]
+    for r in steps:
+        if r["online/staleness"] == 0:  # the policy is the sampler: ratio exactly 1, KL to it 0
+            assert r["ratio/abs_log"] == 0 and r["kl"] == 0
+        else:  # the same samples, the policy has moved: the sampler's log-probs are the denominator
+            assert r["ratio/abs_log"] > 0 and r["kl"] > 0
+
+
+def test_resume_restores_the_sample_buffer_and_the_learning_rate(grpo_run, tmp_path):
+    full = grpo_run(EVERY_4).check()
+    out = tmp_path / "resumed"
+    shutil.copytree(full.out, out)
+    for step in (4, 5):
+        shutil.rmtree(out / f"checkpoint-{step}")
+    n_before = len(full.records)
+    cmd = [sys.executable, "grpo_humanline.py", *BASE_ARGS, "--micro_batch_size", "4", *EVERY_4, "--resume", "--output_dir", str(out)]
+    resumed = Run(cmd, str(out), subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)).check()
+    assert "resumed from" in resumed.proc.stdout and "checkpoint-2" in resumed.proc.stdout
+    new = resumed.records[n_before:]
+    # steps 3 and 4 train on the restored buffer (with its sampler log-probs), then a new round is sampled
+    assert [r["step"] for r in new] == [3, 4, 4, 5] and "online/sample_reward" in new[2]
+    for a, b in zip(full.records[-4:], new):
+        for k in ("loss", "grad_norm", "lr", "kl", "ratio/abs_log", "online/sample_reward", "eval/reward"):
+            assert (k in a) == (k in b)
+            if k in a:  # step 4 also checks that step 3 updated with the scheduled lr, not the initial one
+                assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-9), (a["step"], k, a[k], b[k])
+
+
+def test_two_processes_equal_one(grpo_run):
+    extra = ["--offline", "--humanline"]
+    one = grpo_run(extra, nproc=1, micro=4).check()  # two micro-batches of 4
+    two = grpo_run(extra, nproc=2, micro=2).check()  # two processes x two micro-batches of 2
+    s1, s2 = one.steps, two.steps
+    assert [r["step"] for r in s2] == list(range(1, STEPS + 1))
+    for a, b in zip(s1, s2):
+        for k in ("loss", "grad_norm", "kl", "ratio/abs_log", "clip_frac"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-7), (a["step"], k, a[k], b[k])
+    assert all(a["loss"] != 0 for a in s1[1:])
