@@ -212,12 +212,13 @@ def grpo_loss(policy_logps, ref_logps, baseline_logps, mask, advantages, eps, be
     kl = d.exp() - d - 1
     n = mask.sum() if num_tokens is None else num_tokens
     loss = ((-surrogate + beta * kl) * mask).sum() / n
-    clipped = ((ratio > 1 + eps) & (a > 0)) | ((ratio < 1 - eps) & (a < 0))
-    metrics = {  # means over the same tokens as the loss
-        "kl": (kl.detach() * mask).sum() / n,
-        "clip_frac": (clipped.float() * mask).sum() / n,
-        "ratio/abs_log": ((policy_logps - ref_logps).detach().abs() * mask).sum() / n,
-        "logps": (policy_logps.detach() * mask).sum() / n,
+    valid = mask.bool()
+    metrics = {  # per valid token: their mean over a whole step is the step's value; "loss" is the step's loss
+        "loss": (-surrogate + beta * kl).detach()[valid],
+        "kl": kl.detach()[valid],
+        "clip_frac": (((ratio > 1 + eps) & (a > 0)) | ((ratio < 1 - eps) & (a < 0))).float()[valid],
+        "ratio/abs_log": (policy_logps - ref_logps).detach().abs()[valid],
+        "logps": policy_logps.detach()[valid],
     }
     return loss, metrics
 
@@ -290,16 +291,27 @@ def as_text(value, row, column, tokenizer, prompt=None, allow_empty=False):
     return full[len(prefix):]
 
 
-def encode(tokenizer, prompt_text, completion_text, args, counts):
-    """Token ids of one (prompt, completion), truncated per --max_prompt_length / --max_length."""
-    add_special = tokenizer.chat_template is None or not prompt_text.startswith(tokenizer.bos_token or "\0")
-    p = tokenizer(prompt_text, add_special_tokens=add_special)["input_ids"]
-    c = tokenizer(completion_text, add_special_tokens=False)["input_ids"]
-    if len(p) > args.max_prompt_length:
-        p, counts["truncated_prompts"] = p[-args.max_prompt_length:], counts["truncated_prompts"] + 1
-    if len(p) + len(c) > args.max_length:
-        c, counts["truncated_completions"] = c[: args.max_length - len(p)], counts["truncated_completions"] + 1
-    return p, c
+def prompt_ids(tokenizer, prompt_text):
+    """A prompt's token ids, the same for training and generation: the tokenizer's special tokens
+    (e.g. BOS) are added unless the chat template already wrote them."""
+    add_special = not (tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token))
+    return tokenizer(prompt_text, add_special_tokens=add_special)["input_ids"]
+
+
+def encode(tokenizer, prompt_text, completion_texts, args, counts):
+    """Token ids of a prompt and its completions. Truncation policy: the prompt keeps its last
+    --max_prompt_length tokens, each completion its first (--max_length - prompt) tokens; both are
+    counted (once per prompt, once per completion) and reported."""
+    p, limit = prompt_ids(tokenizer, prompt_text), min(args.max_prompt_length, args.max_length - 1)
+    if len(p) > limit:
+        p, counts["truncated_prompts"] = p[-limit:], counts["truncated_prompts"] + 1
+    completions = []
+    for text in completion_texts:
+        c = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(p) + len(c) > args.max_length:
+            c, counts["truncated_completions"] = c[: args.max_length - len(p)], counts["truncated_completions"] + 1
+        completions.append(c)
+    return p, completions
 
 
 def encode_pairs(rows, tokenizer, args, sampled=False):
@@ -315,8 +327,7 @@ def encode_pairs(rows, tokenizer, args, sampled=False):
         rejected = as_text(row["rejected"], i, "rejected", tokenizer, prompt=row["prompt"], allow_empty=sampled)
         if chosen == rejected:
             raise ValueError(f"row {i}, columns 'chosen'/'rejected': identical completions")
-        p, c = encode(tokenizer, prompt, chosen, args, counts)
-        _, r = encode(tokenizer, prompt, rejected, args, counts)
+        p, (c, r) = encode(tokenizer, prompt, [chosen, rejected], args, counts)
         pairs.append((p, c, r))
     return pairs, counts
 
@@ -326,10 +337,9 @@ def encode_groups(groups, tokenizer, args):
     counts = {"truncated_prompts": 0, "truncated_completions": 0}
     out = []
     for i, (prompt, completions, rewards) in enumerate(groups):
-        text = as_text(prompt, i, "prompt", tokenizer)
-        ids = [encode(tokenizer, text, as_text(c, i, "completion", tokenizer, prompt=prompt, allow_empty=True), args, counts)
-               for c in completions]
-        out.append((ids[0][0], [c for _, c in ids], list(rewards)))
+        texts = [as_text(c, i, "completion", tokenizer, prompt=prompt, allow_empty=True) for c in completions]
+        p, ids = encode(tokenizer, as_text(prompt, i, "prompt", tokenizer), texts, args, counts)
+        out.append((p, ids, list(rewards)))
     return out, counts
 
 
@@ -576,8 +586,8 @@ def generate(model, tokenizer, prompt_texts, n, args, greedy, seed):
     tokenizer.padding_side = "left"
     out = []
     for i in range(0, len(prompt_texts), args.generation_batch_size):
-        enc = tokenizer(prompt_texts[i: i + args.generation_batch_size], return_tensors="pt", padding=True,
-                        add_special_tokens=tokenizer.chat_template is None).to(next(model.parameters()).device)
+        ids = [prompt_ids(tokenizer, t)[-args.max_prompt_length:] for t in prompt_texts[i: i + args.generation_batch_size]]
+        enc = tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(next(model.parameters()).device)
         sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
         seqs = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=n,
                               pad_token_id=tokenizer.pad_token_id, synced_gpus=dist.is_initialized(), **sampling)
@@ -598,6 +608,17 @@ def best_worst_pairs(prompts, completions, scores, n, threshold):
     return rows
 
 
+def round_prompts(n_prompts, round_size, round_index, seed):
+    """Indices of round `round_index`'s prompts: consecutive slices of one shuffled pass over the
+    prompts after another, so a prompt comes back only in the next pass."""
+    per_pass = n_prompts // round_size
+    if per_pass == 0:
+        raise ValueError(f"--round_size {round_size} is larger than the {n_prompts} training prompts")
+    n_pass, pos = divmod(round_index, per_pass)
+    order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed + n_pass))
+    return order[pos * round_size: (pos + 1) * round_size].tolist()
+
+
 def online_round(policy, tokenizer, reward_fns, rows, args, seed, rank, world):
     """Sample --num_generations completions for this process's share of a round's prompt rows and score them
     (the weighted sum of `reward_fns` [(name, weight, fn)], which receive the rows' other columns). Groups of
@@ -606,7 +627,7 @@ def online_round(policy, tokenizer, reward_fns, rows, args, seed, rank, world):
     g = args.num_generations
     mine = rows[rank::world]
     n_real = len(mine)
-    mine = mine + rows[:1] * (math.ceil(len(rows) / world) - n_real)  # same number of generate calls per rank
+    mine = mine + rows[:1] * (math.ceil(len(rows) / world) - n_real)  # the same generate calls on every rank
     texts = [as_text(r["prompt"], i, "prompt", tokenizer) for i, r in enumerate(mine)]
     completions = generate(policy, tokenizer, texts, g, args, greedy=False, seed=seed * 1000 + rank)[: n_real * g]
     flat = [r for r in mine[:n_real] for _ in range(g)]
@@ -633,8 +654,8 @@ def evaluate(policy, tokenizer, scorer, prompts, args, rank, world, columns=None
     """Mean reward (and exact accuracy on the toy task) of greedy completions on held-out prompts;
     `columns` (e.g. solution) go to the scorer."""
     mine = prompts[rank::world]
-    mine += mine[:1] * (math.ceil(len(prompts) / world) - len(mine))  # same number of generate calls per rank
-    n_real = len(prompts[rank::world])
+    n_real = len(mine)
+    mine += prompts[:1] * (math.ceil(len(prompts) / world) - n_real)  # the same generate calls on every rank
     texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(mine)]
     completions = generate(policy, tokenizer, texts, 1, args, greedy=True, seed=0)[:n_real]
     sums = [sum(scorer(mine[:n_real], completions, **{k: v[rank::world] for k, v in (columns or {}).items()})), n_real]
@@ -701,7 +722,7 @@ def localize(obj):
 
 
 def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
-    state = torch.load(os.path.join(path, f"state-rank{rank}.pt"), weights_only=True)
+    state = torch.load(os.path.join(path, f"state-rank{rank}.pt"), weights_only=True)  # tensors and plain data only
     if state["world_size"] != world:
         raise ValueError(f"{path} was written by {state['world_size']} processes; resume with the same number")
     with torch.no_grad():
@@ -713,6 +734,8 @@ def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
     restore_into(opt_state, state["optimizer"])
     optimizer.load_state_dict(opt_state)
     scheduler.load_state_dict(state["scheduler"])
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr  # the saved param_groups are not restored (they hold parameter ids), so set the lr
     random.setstate(state["rng"]["python"])
     kind, keys, pos, has_gauss, cached = state["rng"]["numpy"]
     np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
@@ -732,10 +755,7 @@ def restore_into(live, saved):
                         local(cur).copy_(t)
                     else:
                         live["state"][pid][name] = t
-        elif k == "param_groups":  # the saved hyperparameters (the scheduled lr), the live parameter ids
-            for group, saved_group in zip(live[k], v):
-                group.update({name: x for name, x in saved_group.items() if name != "params"})
-        else:
+        elif k != "param_groups":
             live[k] = v
 
 
@@ -791,7 +811,7 @@ if __name__ == "__main__":
 
     # TRY NOT TO MODIFY: distributed setup (torchrun sets RANK/WORLD_SIZE; otherwise one process)
     distributed = "RANK" in os.environ
-    if distributed:  # gloo for CPU tensors (metrics, all_gather_object) beside NCCL on CUDA
+    if distributed:
         dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -802,6 +822,8 @@ if __name__ == "__main__":
         raise SystemExit(f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes "
                          f"= {args.micro_batch_size} x {world}")
     grad_accum = args.batch_size // (args.micro_batch_size * world)
+    if args.max_prompt_length >= args.max_length:
+        raise SystemExit(f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
@@ -899,14 +921,14 @@ if __name__ == "__main__":
         if args.online and step - round_start >= len(round_seqs) // args.batch_size:
             # ALGO LOGIC: the sample buffer is spent: sample the next --sample_every steps' groups (or a round
             # of pairs) from the policy, score them, compute the advantages, record the sampler's log-probs
-            order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(args.seed + round_index))
-            rows = [train_rows[i] for i in order[: prompts_per_round].tolist()]
+            rows = [train_rows[i] for i in round_prompts(len(train_rows), prompts_per_round, round_index, args.seed)]
             groups, stats = online_round(policy, tokenizer, reward_fns, rows, args, args.seed + round_index, rank, world)
             if world > 1:
                 dist.all_reduce(stats)
             round_index += 1
             if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
-                groups = [groups[i] for i in torch.randperm(len(groups), generator=torch.Generator().manual_seed(args.seed + round_index)).tolist()]
+                shuffle = torch.Generator().manual_seed(1_000_003 * (args.seed + 1) + round_index)
+                groups = [groups[i] for i in torch.randperm(len(groups), generator=shuffle).tolist()]
             round_seqs = group_sequences(encode_groups(groups, tokenizer, args)[0])
             round_seqs, round_start = round_seqs[: len(round_seqs) // args.batch_size * args.batch_size], step
             if sampler_denominator:
@@ -939,7 +961,7 @@ if __name__ == "__main__":
             dist.all_reduce(n_tokens)
         n_tokens = max(1.0, n_tokens.item())
 
-        sums = {}
+        sums, counts = {}, {}
         for micro, seqs in enumerate(micros):
             ids, attn, mask = collate([s[:2] for s in seqs], tokenizer.pad_token_id, device)
             if distributed:
@@ -962,22 +984,24 @@ if __name__ == "__main__":
             loss, metrics = grpo_loss(policy_logps, denominator, baseline, mask, advantages, args.eps, args.beta, *bounds,
                                       num_tokens=n_tokens, rejected=rejected)
             (loss * world).backward()  # FSDP2 averages the gradients over processes
-            metrics["loss"] = loss.detach()
-            metrics["humanline/clamped_frac"] = clamped_fraction(policy_logps, denominator, mask, args.log_eps_P, args.log_eps_R).sum() / args.batch_size
-            metrics["completion_length"] = mask.sum() / args.batch_size
+            metrics["humanline/clamped_frac"] = clamped_fraction(policy_logps, denominator, mask, args.log_eps_P, args.log_eps_R)
+            metrics["completion_length"] = mask.sum(-1)
             if args.online:
-                metrics["reward"] = torch.tensor(sum(s[3] for s in seqs) / args.batch_size)
+                metrics["reward"] = torch.tensor([s[3] for s in seqs])
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v.sum().item()
+                counts[k] = counts.get(k, 0) + v.numel()
+        lr = scheduler.get_last_lr()[0]  # the learning rate of this step's update
         grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, step)
         step += 1
 
         # TRY NOT TO MODIFY: logging, evaluation, checkpoints
-        totals = torch.tensor([sums[k] for k in sorted(sums)] + [local_tokens], dtype=torch.float64)
+        keys = sorted(sums)  # each metric is a mean over its entries, across micro-batches and ranks
+        totals = torch.tensor([sums[k] for k in keys] + [counts[k] for k in keys] + [local_tokens], dtype=torch.float64)
         if world > 1:
             dist.all_reduce(totals)
-        record = dict(zip(sorted(sums), totals.tolist()))  # every metric is already a mean over the step
-        record |= {"step": step, "grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0],
+        record = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys): -1].tolist()) if c}
+        record |= {"step": step, "grad_norm": grad_norm.item(), "lr": lr,
                    "tokens_per_s": totals[-1].item() / (time.time() - t0)}
         if args.online:  # which sample buffer this step trained on, and how many steps after it was sampled
             record |= {"online/round": round_index, "online/staleness": step - 1 - round_start}

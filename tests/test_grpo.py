@@ -118,7 +118,8 @@ def test_grpo_loss_matches_hand_computed_value(clamp):
     loss, metrics = grpo_loss(*inputs(), EPS, BETA, *bounds)
     expected, kl = hand_loss(lo=bounds[0], hi=bounds[1])
     assert loss.item() == pytest.approx(expected, rel=1e-12)
-    assert metrics["kl"].item() == pytest.approx(kl, rel=1e-12)
+    assert metrics["kl"].mean().item() == pytest.approx(kl, rel=1e-12)
+    assert metrics["loss"].mean().item() == pytest.approx(expected, rel=1e-12)  # per token: its mean is the loss
 
 
 def test_clamp_changes_the_loss_by_hand():
@@ -140,7 +141,7 @@ def test_log_ratio_two_under_humanline_is_clamped_then_eps_clipped(advantage):
     loss.backward()
     if advantage > 0:  # clamped to e^1.5 > 1 + eps: the eps clip gives (1 + eps) A
         assert loss.item() == pytest.approx(-(1 + EPS) * advantage, rel=1e-12)
-        assert metrics["clip_frac"].item() == 1.0
+        assert metrics["clip_frac"].tolist() == [1.0]
     else:  # A < 0: the min keeps the clamped ratio e^1.5, not e^2
         assert loss.item() == pytest.approx(math.exp(1.5), rel=1e-12)
     assert p.grad.item() == 0.0
@@ -158,7 +159,7 @@ def test_kl_term_is_not_clamped():
         l0, m0 = grpo_loss(*inputs(), EPS, 0.0, *bounds)
         l1, m1 = grpo_loss(*inputs(), EPS, 0.3, *bounds)
         assert (l1 - l0).item() == pytest.approx(0.3 * hand_loss()[1], rel=1e-12)
-        assert m1["kl"].item() == pytest.approx(hand_loss()[1], rel=1e-12)
+        assert m1["kl"].mean().item() == pytest.approx(hand_loss()[1], rel=1e-12)
 
 
 @pytest.mark.parametrize("beta", [0.0, BETA])
@@ -371,8 +372,8 @@ def test_recorded_sampler_logps_equal_the_training_forward_exactly(toy_model, ra
     counts = {"truncated_prompts": 0, "truncated_completions": 0}
     texts = [("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"), ("100+200=", "0+0+0=00;0+0+0=00;1+2+0=03>0300"),
              ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
-    pairs = [encode(tok, p, c + tok.eos_token, args, counts) for p, c in texts]
-    seqs = [(p, c, 1.0, 1.0, None) for p, c in pairs][:8]  # two steps of 4
+    pairs = [encode(tok, p, [c + tok.eos_token], args, counts) for p, c in texts]
+    seqs = [(p, c, 1.0, 1.0, None) for p, (c,) in pairs][:8]  # two steps of 4
     recorded = record_sampler_logps(model, seqs, tok.pad_token_id, args, torch.device("cpu"),
                                     torch.autocast("cpu", enabled=False), rank, world)
     mine = set()
