@@ -432,8 +432,11 @@ def round_prompts(n_prompts, round_size, round_index, seed):
 def online_round(policy, tokenizer, scorer, prompts, args, seed, rank, world):
     """Sample, score and pair this process's share of a round's prompts; all processes get all pairs."""
     mine = prompts[rank::world]
-    texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(mine)]
-    completions = generate(policy, tokenizer, texts, args.num_samples, args, greedy=False, seed=seed * 1000 + rank)
+    n_real = len(mine)
+    padded = mine + prompts[:1] * (math.ceil(len(prompts) / world) - n_real)  # the same generate calls on every rank
+    texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(padded)]
+    completions = generate(policy, tokenizer, texts, args.num_samples, args, greedy=False,
+                           seed=seed * 1000 + rank)[: n_real * args.num_samples]
     flat_prompts = [p for p in mine for _ in range(args.num_samples)]
     scores = scorer(flat_prompts, completions)
     rows = best_worst_pairs(mine, completions, scores, args.num_samples, args.reward_threshold)
