@@ -1,0 +1,307 @@
+"""Reproduce the paper's comparisons on the built-in toy task: seeds, standard errors, p-values.
+
+    python experiments/run.py                      # every suite (hours on 2 CPU cores; resumable)
+    python experiments/run.py --suite main         # one suite: main | offpolicy | ablations | quality
+    python experiments/run.py --report             # only rebuild the tables and plots from finished runs
+    python experiments/run.py --quick              # every configuration for 2 steps (a smoke test)
+
+Each run is one training script in a subprocess with one CPU thread (`--jobs` at a time). A run is
+finished when its `metrics.jsonl` has a record for the final step; finished runs are skipped, so an
+interrupted invocation continues where it stopped. Per run only `metrics.jsonl` and `args.json` are
+kept (models and checkpoints are deleted). Results: `experiments/results/<suite>.md` (tables),
+`<suite>.jsonl` (one line per configuration), and PNG curves when matplotlib is installed.
+
+Every variant of a comparison sees the same number of training examples (steps x batch size), and
+hyperparameters differ between variants only where a row says so.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from scipy import stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "experiments", "results")
+
+
+def suites(results):
+    """suite -> list of (config name, script, flags, seeds)."""
+    main = []
+    for algo in ("dpo", "kto", "grpo"):
+        main += [
+            (f"{algo} offline", f"{algo}_humanline.py", ["--offline"], 5),
+            (f"{algo} offline+humanline", f"{algo}_humanline.py", ["--offline", "--humanline"], 5),
+            (f"{algo} online", f"{algo}_humanline.py", ["--online"], 5),
+            (f"{algo} online+humanline", f"{algo}_humanline.py", ["--online", "--humanline"], 5),
+        ]
+    offpolicy = [
+        ("grpo online (sample every step)", "grpo_humanline.py", ["--online", "--sample_every", "1"], 5),
+        ("grpo off-policy (sample 64x every 64 steps)", "grpo_humanline.py", ["--online", "--sample_every", "64"], 5),
+        ("grpo off-policy+humanline k=16", "grpo_humanline.py",
+         ["--online", "--sample_every", "64", "--humanline", "--sync_every", "16"], 5),
+    ]
+    ablations = [
+        ("dpo offline", "dpo_humanline.py", [], 3),
+        ("dpo sync only", "dpo_humanline.py", ["--sync", "humanline"], 3),
+        ("dpo clamp only", "dpo_humanline.py", ["--clip", "clamp"], 3),
+        ("dpo sync+clamp (humanline)", "dpo_humanline.py", ["--humanline"], 3),
+        ("dpo sync+sampling", "dpo_humanline.py", ["--sync", "humanline", "--clip", "sampling"], 3),
+        ("dpo trust-region sync+clamp", "dpo_humanline.py", ["--sync", "trust_region", "--clip", "clamp"], 3),
+    ]
+    ablations += [(f"dpo humanline k={k}", "dpo_humanline.py", ["--humanline", "--sync_every", str(k)], 3)
+                  for k in (2, 4, 8, 16)]
+    ablations += [(f"dpo humanline clip [{lo}, {hi}]", "dpo_humanline.py",
+                   ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)], 3)
+                  for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]
+    quality = [(f"dpo offline+humanline, quartile {q} of the data", "dpo_humanline.py",
+                ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"], 3) for q in (1, 2, 3, 4)]
+    return {"main": main, "offpolicy": offpolicy, "ablations": ablations, "quality": quality}
+
+
+def quartile_file(results, q):
+    return os.path.join(results, "quality_data", f"quartile{q}.jsonl")
+
+
+def make_quartiles(results):
+    """Split the toy `strong` offline data into quartiles of the data-quality proxy: the mean token
+    log-prob of the pair (chosen and rejected) under the starting policy, lowest first."""
+    sys.path.insert(0, ROOT)
+    import toy_task
+
+    rows = [json.loads(line) for line in open(toy_task.build().offline["strong"])]
+    rows.sort(key=lambda r: (r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2)
+    os.makedirs(os.path.dirname(quartile_file(results, 1)), exist_ok=True)
+    ranges = []
+    for q in range(4):
+        part = rows[q * len(rows) // 4: (q + 1) * len(rows) // 4]
+        with open(quartile_file(results, q + 1), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in part)
+        proxy = [(r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2 for r in part]
+        ranges.append((min(proxy), max(proxy), len(part)))
+    return ranges
+
+
+def run_dir(results, suite, name, seed):
+    slug = "".join(c if c.isalnum() else "_" for c in name).strip("_")
+    return os.path.join(results, suite, slug, f"seed{seed}")
+
+
+def finished(out, max_steps):
+    path = os.path.join(out, "metrics.jsonl")
+    if not os.path.exists(path):
+        return False
+    return any(json.loads(line).get("step") == max_steps and "eval/reward" in line for line in open(path))
+
+
+def max_steps_of(flags):
+    return int(flags[flags.index("--max_steps") + 1]) if "--max_steps" in flags else 120
+
+
+def launch(script, flags, seed, out, quick):
+    if quick:
+        flags = flags + ["--batch_size", "4", "--micro_batch_size", "4",
+                                                "--num_eval_prompts", "8", "--round_size", "8", "--eval_every", "0"]
+        if script.startswith("grpo"):
+            flags += ["--num_generations", "4"]
+    cmd = [sys.executable, os.path.join(ROOT, script), *flags, "--seed", str(seed), "--output_dir", out,
+           "--save_every", "0"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    t0 = time.time()
+    with open(os.path.join(out, "log.txt"), "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({rc}); see {out}/log.txt")
+    for name in os.listdir(out):  # keep the metrics, drop the weights
+        if name not in ("metrics.jsonl", "args.json"):
+            p = os.path.join(out, name)
+            shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+    with open(os.path.join(out, "wall_seconds"), "w") as f:
+        f.write(f"{time.time() - t0:.1f}\n")
+
+
+def strip(flags, name):
+    if name in flags:
+        i = flags.index(name)
+        return flags[:i] + flags[i + 2:]
+    return flags
+
+
+def holm(pvalues):
+    """Holm-Bonferroni adjusted p-values (step-down, monotone)."""
+    order = np.argsort(pvalues)
+    adjusted, running = np.empty(len(pvalues)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def summarize(results, suite, configs):
+    """Per configuration: final held-out reward and accuracy (mean, standard error over seeds), wall
+    time, and the humanline diagnostics averaged over training."""
+    rows = []
+    for name, script, flags, seeds in configs:
+        per_seed = []
+        for seed in range(seeds):
+            out = run_dir(results, suite, name, seed)
+            if not finished(out, max_steps_of(flags)):
+                continue
+            recs = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+            steps = [r for r in recs if "loss" in r]
+            evals = [r for r in recs if "eval/reward" in r]
+            per_seed.append(dict(
+                reward=evals[-1]["eval/reward"], accuracy=evals[-1].get("eval/accuracy", math.nan),
+                curve=[(r["step"], r["eval/reward"], r.get("eval/accuracy")) for r in evals],
+                clamped=np.mean([r.get("humanline/clamped_frac", 0) for r in steps]),
+                margin=np.mean([r.get("rewards/margins", math.nan) for r in steps]),
+                logp_chosen=steps[-1].get("logps/chosen", math.nan), logp_rejected=steps[-1].get("logps/rejected", math.nan),
+                wall=float(open(os.path.join(out, "wall_seconds")).read()),
+            ))
+        if not per_seed:
+            continue
+
+        def ms(key):
+            v = np.array([s[key] for s in per_seed], dtype=float)
+            return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+
+        rows.append(dict(config=name, script=script, flags=flags, seeds=len(per_seed),
+                         rewards=[s["reward"] for s in per_seed], accuracies=[s["accuracy"] for s in per_seed],
+                         reward=ms("reward"), accuracy=ms("accuracy"), wall=ms("wall"), clamped_frac=ms("clamped"),
+                         margin=ms("margin"), logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"),
+                         curves=[s["curve"] for s in per_seed]))
+    return rows
+
+
+def significance(rows):
+    """Welch t-tests of offline+humanline against offline and against online, per algorithm,
+    Holm-Bonferroni corrected over all of them."""
+    by = {r["config"]: r for r in rows}
+    tests = []
+    for algo in ("dpo", "kto", "grpo"):
+        hl = by.get(f"{algo} offline+humanline")
+        for other in ("offline", "online"):
+            o = by.get(f"{algo} {other}")
+            if hl and o and hl["seeds"] > 1 and o["seeds"] > 1:
+                p = stats.ttest_ind(hl["rewards"], o["rewards"], equal_var=False).pvalue
+                tests.append(dict(comparison=f"{algo}: offline+humanline vs {other}", p=float(p),
+                                  diff=float(np.mean(hl["rewards"]) - np.mean(o["rewards"]))))
+    for t, adj in zip(tests, holm([t["p"] for t in tests]) if tests else []):
+        t["p_holm"] = float(adj)
+    return tests
+
+
+def fmt(pair, digits=3):
+    mean, se = pair
+    return f"{mean:.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
+
+
+def report(results, suite, configs, extra=""):
+    rows = summarize(results, suite, configs)
+    os.makedirs(results, exist_ok=True)
+    with open(os.path.join(results, f"{suite}.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps({k: v for k, v in r.items() if k != "curves"}) + "\n")
+    lines = [f"# {suite}", "", extra,
+             "Final held-out greedy reward and exact accuracy on 256 toy test problems (mean ± standard error over "
+             "seeds), wall time per run (1 CPU thread, two runs at a time), and humanline diagnostics averaged "
+             "over training: the fraction of tokens whose log-ratio lies outside [-1.5, 1.5] and the DPO/KTO "
+             "margin; log-probs per token of chosen and rejected at the last step.", "",
+             "| configuration | seeds | reward | accuracy | wall s | clamped frac | margin | logp chosen | logp rejected |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {fmt(r['accuracy'])} | {fmt(r['wall'], 0)} "
+                     f"| {fmt(r['clamped_frac'], 4)} | {fmt(r['margin'])} | {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |")
+    if suite == "main":
+        tests = significance(rows)
+        if tests:
+            lines += ["", "| comparison | reward difference | p (Welch) | p (Holm-Bonferroni) |", "|---|---|---|---|"]
+            lines += [f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in tests]
+        by = {r["config"]: r for r in rows}
+        for algo in ("dpo", "kto", "grpo"):
+            on, hl = by.get(f"{algo} online"), by.get(f"{algo} offline+humanline")
+            if on and hl:
+                lines.append(f"\n{algo}: online / offline+humanline wall-time ratio {on['wall'][0] / hl['wall'][0]:.2f}")
+    with open(os.path.join(results, f"{suite}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    plot(results, suite, rows)
+    print("\n".join(lines))
+
+
+def plot(results, suite, rows):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib is not installed: no plots; `pip install matplotlib` for them)")
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in rows:
+        steps = [s for s, _, _ in r["curves"][0]]
+        values = np.array([[v for _, v, _ in c] for c in r["curves"] if len(c) == len(steps)])
+        mean, se = values.mean(0), values.std(0, ddof=1) / math.sqrt(len(values)) if len(values) > 1 else 0 * values.mean(0)
+        ax.plot(steps, mean, label=r["config"])
+        ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("held-out reward (greedy)")
+    ax.set_title(f"toy task: {suite}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(results, f"{suite}.png"), dpi=120)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default="all", choices=["all", "main", "offpolicy", "ablations", "quality"])
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each uses one CPU thread)")
+    parser.add_argument("--seeds", type=int, default=0, help="override the number of seeds (0: the suite's)")
+    parser.add_argument("--quick", action="store_true", help="every configuration, one seed, 2 steps")
+    parser.add_argument("--report", action="store_true", help="only summarise finished runs")
+    parser.add_argument("--only", default="", help="only configurations whose name contains this text")
+    parser.add_argument("--results", default=RESULTS, help="results directory (--quick: a `quick` folder in it)")
+    args = parser.parse_args()
+    results = os.path.join(args.results, "quick") if args.quick else args.results
+    all_suites = suites(results)
+    if args.quick:  # one seed, two steps
+        all_suites = {k: [(n, s, strip(f, "--max_steps") + ["--max_steps", "2"], 1) for n, s, f, _ in v]
+                      for k, v in all_suites.items()}
+    chosen = list(all_suites) if args.suite == "all" else [args.suite]
+    ranges = make_quartiles(results) if "quality" in chosen else None
+    if not args.report:
+        jobs = []
+        for suite in chosen:
+            for name, script, flags, seeds in all_suites[suite]:
+                if args.only not in name:
+                    continue
+                for seed in range(args.seeds or seeds):
+                    out = run_dir(results, suite, name, seed)
+                    if args.quick or not finished(out, max_steps_of(flags)):
+                        jobs.append((script, flags, seed, out))
+        print(f"{len(jobs)} runs to do")
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for i, _ in enumerate(pool.map(lambda j: launch(*j, quick=args.quick), jobs)):
+                print(f"  {i + 1}/{len(jobs)} done", flush=True)
+    if args.quick:
+        print(f"quick: {len(jobs)} configurations ran")
+    for suite in chosen:
+        extra = ""
+        if suite == "quality" and ranges:
+            extra = "Data-quality proxy ranges (mean token log-prob under the starting policy), quartiles 1-4: " + ", ".join(
+                f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in ranges) + "\n"
+        report(results, suite, all_suites[suite], extra)
+
+
+if __name__ == "__main__":
+    main()
