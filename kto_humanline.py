@@ -70,13 +70,17 @@ Commands
         --max_prompt_length 1024 --max_length 3072
 """
 
+import importlib
 import json
 import math
 import os
 import random
 import shutil
+import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -103,11 +107,18 @@ class Args:
     dataset_split: str = field(default="train", metadata={"help": "Split of --dataset."})
     eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts for evaluation ('toy', a file or hub name, 'none')."})
     reward_model: str = field(default="toy", metadata={
-        "help": "Scorer for online sampling and evaluation: 'toy' (graded), 'toy_verify' (exact), or a "
-                "sequence-classification model path."})
+        "help": "Scorer for online sampling and evaluation: 'toy' (graded), 'toy_verify' (exact), a sequence-"
+                "classification model path, or module:function (a Python reward function f(prompts, completions, "
+                "**columns) -> floats, imported from the working directory or PYTHONPATH)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
+    on_bad_reward: str = field(default="drop", metadata={
+        "help": "A sample whose reward is NaN, inf or None, or whose scorer raises: drop (the sample is left out and "
+                "counted: online/bad_rewards, eval/bad_rewards) | stop (the run stops, naming the prompt)."})
     max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts keep their last tokens (counted)."})
     max_length: int = field(default=1024, metadata={"help": "Prompt + completion; longer completions are cut (counted)."})
+    precompute_ref: bool = field(default=False, metadata={
+        "help": "Offline with a frozen reference (--sync none): compute the reference's log-probs of every training "
+                "sequence once, before training (it is the initial policy), and keep no reference model in memory."})
     # --- optimisation ---
     max_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
     batch_size: int = field(default=64, metadata={"help": "Examples per optimizer step, over all processes (a pair gives two)."})
@@ -117,6 +128,9 @@ class Args:
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     adam_eps: float = field(default=1e-5, metadata={"help": "AdamW epsilon."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    max_bad_steps: int = field(default=3, metadata={
+        "help": "A step whose loss or gradient is not finite is skipped (no update, counted in bad_steps); this many "
+                "in a row stop the run."})
     beta: float = field(default=0.25, metadata={"help": "KTO temperature."})
     desirable_weight: float = field(default=1.1, metadata={"help": "lambda_D: weight of desirable examples."})
     undesirable_weight: float = field(default=1.0, metadata={"help": "lambda_U: weight of undesirable examples."})
@@ -128,6 +142,10 @@ class Args:
     log_eps_P: float = field(default=-1.5, metadata={"help": "Lower bound of the token log-ratio."})
     log_eps_R: float = field(default=1.5, metadata={"help": "Upper bound of the token log-ratio."})
     sampling_c: float = field(default=humanline_sampling.DEFAULT_C, metadata={"help": "--clip sampling: Beta concentration c (large c = clamp)."})
+    ref_free: str = field(default="auto", metadata={
+        "help": "Reference-free humanline, k = 1: no reference model; just before each update the policy computes the "
+                "next step's reference log-probs (syncing would make it that step's reference). auto: on where it "
+                "applies (--sync humanline --sync_every 1) | on | off (two models, synced in place)."})
     # --- online sampling ---
     round_size: int = field(default=256, metadata={"help": "Prompts per online round (paper: 1024)."})
     num_samples: int = field(default=8, metadata={"help": "Completions sampled per prompt."})
@@ -143,6 +161,9 @@ class Args:
     save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
     resume: bool = field(default=False, metadata={"help": "Continue from the newest checkpoint in --output_dir."})
     log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
+    # --- distributed ---
+    dist_timeout: int = field(default=1800, metadata={
+        "help": "Seconds a collective waits for the other processes: a dead process stops the run instead of hanging it."})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,6 +234,8 @@ def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
 # HUMANLINE: the reference takes the policy's weights: a local, in-place copy of each shard
 @torch.no_grad()
 def sync_reference(ref, policy):
+    if ref is None:  # HUMANLINE: reference-free k = 1 keeps no reference (the next step's log-probs were computed instead)
+        return
     for model in (ref, policy):
         if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a no-grad forward
             model.reshard()
@@ -220,11 +243,17 @@ def sync_reference(ref, policy):
         local(r).copy_(local(p))
 
 
-def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_every, step):
+def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_every, step, skip=False):
     """Clip the gradients, then update; syncing every `sync_every` steps (step counted from 0):
     `humanline` copies the policy into the reference *before* the update (the reference then holds
-    the pre-update weights), `trust_region` (TR-DPO, the ablation) *after* it. Returns the grad norm."""
+    the pre-update weights), `trust_region` (TR-DPO, the ablation) *after* it. Returns the grad norm.
+    With `skip` (a non-finite loss) or a non-finite grad norm, the gradients are dropped and nothing
+    else happens: no update, no sync, no scheduler step (the caller counts the bad step)."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # the same on every process
+    if skip or not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
     due = (step + 1) % sync_every == 0
     if sync == "humanline" and due:
         sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the step
@@ -233,7 +262,7 @@ def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_
     optimizer.zero_grad(set_to_none=True)
     if sync == "trust_region" and due:
         sync_reference(ref, policy)
-    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    return grad_norm
 
 
 def local(t):
@@ -251,6 +280,8 @@ def as_text(value, row, column, tokenizer, prompt=None, allow_empty=False):
     {"role", "content"} through the chat template (completions after their prompt). Only sampled
     completions (online rounds) may be empty."""
     where = f"row {row}, column '{column}'"
+    if value is None:
+        raise ValueError(f"{where}: missing")
     if isinstance(value, str):
         if not value.strip() and not allow_empty:
             raise ValueError(f"{where}: empty text")
@@ -294,6 +325,19 @@ def encode(tokenizer, prompt_text, completion_texts, args, counts):
     return p, completions
 
 
+def check_prompts(prompts, tokenizer, args, source):
+    """Prompts for sampling or evaluation, each checked before training (as_text names a bad row); counts
+    those longer than --max_prompt_length, which sampling cuts to their last tokens."""
+    counts = {"truncated_prompts": 0}
+    for i, prompt in enumerate(prompts):
+        try:
+            text = as_text(prompt, i, "prompt", tokenizer)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+        counts["truncated_prompts"] += len(prompt_ids(tokenizer, text)) > args.max_prompt_length
+    return counts
+
+
 def encode_examples(rows, tokenizer, args, sampled=False):
     """Validated, tokenised KTO examples: list of (prompt_ids, completion_ids, desirable). An unpaired
     row (prompt, completion, label) gives one example, a preference row (prompt, chosen, rejected) two:
@@ -324,6 +368,30 @@ def encode_examples(rows, tokenizer, args, sampled=False):
     return examples, counts
 
 
+def offline_batch(examples, step, batch_size, seed):
+    """The offline batch of a step: a fixed permutation per epoch, so a step's batch depends on the step only
+    (--precompute_ref and --ref_free rely on it)."""
+    per_epoch = len(examples) // batch_size
+    epoch, pos = divmod(step, per_epoch)
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + epoch))
+    return [examples[i] for i in order[pos * batch_size: (pos + 1) * batch_size].tolist()]
+
+
+def micro_batches(batch, args, rank, world):
+    """This process's share of a step's sequences, in micro-batches: the layout of every training forward."""
+    mine = batch[rank * len(batch) // world: (rank + 1) * len(batch) // world]
+    return [mine[i: i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
+
+
+def forward_batches(batch, args, rank, world):
+    """ALGO LOGIC: this process's forwards of a step's batch: per micro-batch, (its examples, the (prompt_ids,
+    completion_ids) sequences of its one forward per model: the examples, then their KL pairs). The KL pairs are
+    formed over the whole batch (`kto_kl_pairs`), then split like the examples."""
+    kl_batch = kto_kl_pairs(batch, args.max_length)
+    return [(examples, [(p, c) for p, c, _ in examples] + kl_pairs)
+            for examples, kl_pairs in zip(micro_batches(batch, args, rank, world), micro_batches(kl_batch, args, rank, world))]
+
+
 def collate(sequences, pad_id, device):
     """Right-padded (input_ids, attention_mask, loss_mask) for (prompt_ids, completion_ids) pairs,
     padded to the longest sequence of this micro-batch only."""
@@ -346,6 +414,52 @@ def token_logps(model, input_ids, attention_mask, loss_mask):
     return logps * loss_mask[:, 1:]
 
 
+def completion_values(values, sequences, like):
+    """Per-sequence completion-token values (e.g. recorded log-probs) laid out like token_logps' output."""
+    out = torch.zeros_like(like)
+    for j, ((p, c), v) in enumerate(zip(sequences, values)):
+        out[j, len(p) - 1: len(p) + len(c) - 1] = v
+    return out
+
+
+def sequence_key(prompt_ids, completion_ids):
+    """A dictionary key of a (prompt_ids, completion_ids) sequence: the prompt length and a hash of the tokens."""
+    return len(prompt_ids), hash(tuple(prompt_ids) + tuple(completion_ids))
+
+
+@torch.no_grad()
+def no_grad_logps(model, forwards, pad_id, device, autocast, per_sequence=False, desc=None):
+    """token_logps of each forward's (prompt_ids, completion_ids) sequences, collated as training collates them,
+    without gradient and in eval mode (as the reference runs), then back in training mode; with `per_sequence`,
+    each sequence's completion-token log-probs on the CPU instead. FSDP2 keeps the root's parameters gathered
+    after a no-grad forward: they are resharded, so that the next update reaches them."""
+    model.eval()
+    out = []
+    for sequences in tqdm(forwards, desc=desc, disable=desc is None, leave=False, dynamic_ncols=True):
+        with autocast:
+            logps = token_logps(model, *collate(sequences, pad_id, device))
+        out.append([logps[j, len(p) - 1: len(p) + len(c) - 1].cpu() for j, (p, c) in enumerate(sequences)] if per_sequence else logps)
+    model.train()
+    if hasattr(model, "reshard"):
+        model.reshard()
+    return out
+
+
+def precompute_logps(model, sequences, rows, pad_id, device, autocast, rank, world):
+    """--precompute_ref: the completion-token log-probs under `model` (before training: the frozen reference) of
+    each distinct (prompt_ids, completion_ids) sequence, {sequence_key: 1-D CPU tensor}, computed once, `rows`
+    sequences per forward, grouped by length (little padding). Every process runs as many forwards (FSDP2)."""
+    unique = sorted({sequence_key(p, c): (p, c) for p, c in sequences}.items(), key=lambda kv: len(kv[1][0]) + len(kv[1][1]))
+    chunks = [unique[i: i + rows] for i in range(0, len(unique), rows)]
+    n = torch.tensor(len(chunks))
+    if world > 1:
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    chunks += chunks[-1:] * (int(n) - len(chunks))  # the same number of forwards on every process
+    values = no_grad_logps(model, [[s for _, s in chunk] for chunk in chunks], pad_id, device, autocast,
+                           per_sequence=True, desc="reference log-probs" if rank == 0 else None)
+    return {key: v for chunk, vs in zip(chunks, values) for (key, _), v in zip(chunk, vs)}
+
+
 def load_rows(name, split, toy_paths, kind):
     """Rows of a dataset: 'toy' names, a local file, or a hub dataset."""
     import datasets
@@ -354,9 +468,14 @@ def load_rows(name, split, toy_paths, kind):
         source = name.split(":")[1] if ":" in name else "strong"
         files = {"preferences": toy_paths.offline[source], "prompts": toy_paths.prompts_train, "eval": toy_paths.prompts_test}
         name, split = files[kind], "train"
-    if os.path.exists(name):  # a local file has a single split
-        ext = os.path.splitext(name)[1].lstrip(".")
-        ds = datasets.load_dataset({"jsonl": "json"}.get(ext, ext), data_files=name, split="train")
+    if os.path.isfile(name):  # a local file has a single split; plain data formats only, nothing is unpickled
+        builder = {"json": "json", "jsonl": "json", "parquet": "parquet", "csv": "csv"}.get(os.path.splitext(name)[1].lstrip("."))
+        if builder is None:
+            raise SystemExit(f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
+        try:
+            ds = datasets.load_dataset(builder, data_files=name, split="train")
+        except datasets.exceptions.DatasetGenerationError as e:  # e.g. malformed JSON: the cause names the line
+            raise SystemExit(f"{name}: {e.__cause__ or e}") from None
     else:
         ds = datasets.load_dataset(name, split=split)
     return ds.to_list()
@@ -368,10 +487,17 @@ def load_rows(name, split, toy_paths, kind):
 
 
 def make_scorer(name, tokenizer, device, args):
-    """reward(prompts, completions) -> list of floats: a built-in function or a reward model."""
+    """reward(prompts, completions) -> list of floats: a built-in function, a Python function named
+    module:function (code the user chose to run, imported from the working directory or PYTHONPATH), or a
+    reward model."""
     builtin = {"toy": toy_task.reward, "toy_verify": toy_task.verify}
     if name in builtin:
         return builtin[name]
+    if ":" in name and not os.path.exists(name):
+        module, _, function = name.partition(":")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        return getattr(importlib.import_module(module), function)
     rm = AutoModelForSequenceClassification.from_pretrained(name, trust_remote_code=args.trust_remote_code).to(device).eval()
     rm_tok = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
 
@@ -388,6 +514,48 @@ def make_scorer(name, tokenizer, device, args):
     return score
 
 
+def score_samples(scorer, prompts, completions, columns=None):
+    """Each sample's reward as a float, or None where the scorer gives NaN, inf, None or a non-number, or
+    raises (a call that raises is retried one sample at a time to find the samples it fails on).
+    Returns (scores, bad): bad lists (index, what the scorer did) for the None entries."""
+    columns = columns or {}
+
+    def call(idx):
+        out = list(scorer([prompts[j] for j in idx], [completions[j] for j in idx],
+                          **{k: [v[j] for j in idx] for k, v in columns.items()}))
+        if len(out) != len(idx):
+            raise ValueError(f"returned {len(out)} rewards for {len(idx)} samples")
+        return out
+
+    try:
+        raw = call(range(len(completions)))
+    except Exception:  # a scorer is user code: find the samples it fails on
+        raw = []
+        for j in range(len(completions)):
+            try:
+                raw += call([j])
+            except Exception as e:  # noqa: BLE001 (recorded for --on_bad_reward)
+                raw.append(e)
+    scores, bad = [], []
+    for j, r in enumerate(raw):
+        try:
+            value = None if isinstance(r, (Exception, str, bytes)) else float(r)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not math.isfinite(value):
+            bad.append((j, f"raised {type(r).__name__}: {r}" if isinstance(r, Exception) else f"is {r!r}"))
+            value = None
+        scores.append(value)
+    return scores, bad
+
+
+def bad_reward_message(bad):
+    """--on_bad_reward stop: what stopped the run; bad lists (prompt, sample index, what the scorer did)."""
+    prompt, sample, what = bad[0]
+    return (f"the reward of sample {sample} of prompt {prompt!r} {what} ({len(bad)} bad rewards in this batch); "
+            "--on_bad_reward drop would leave such samples out")
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt_texts, n, args, greedy, seed):
     """n completions per prompt (grouped per prompt), in batches of --generation_batch_size prompts."""
@@ -400,7 +568,7 @@ def generate(model, tokenizer, prompt_texts, n, args, greedy, seed):
         enc = tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(next(model.parameters()).device)
         sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
         seqs = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=n,
-                              pad_token_id=tokenizer.pad_token_id, synced_gpus=dist.is_initialized(), **sampling)
+                              pad_token_id=tokenizer.pad_token_id, synced_gpus=dist.is_initialized(), use_cache=True, **sampling)  # KV cache
         out += tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     tokenizer.padding_side = "right"
     model.train()
@@ -411,7 +579,10 @@ def best_worst_pairs(prompts, completions, scores, n, threshold):
     """Algorithm 1's pairing: per prompt, (best, worst) of its n samples if best - worst >= threshold."""
     rows = []
     for i, prompt in enumerate(prompts):
-        group = sorted(zip(scores[i * n: (i + 1) * n], completions[i * n: (i + 1) * n]), key=lambda t: t[0])
+        group = sorted(((s, c) for s, c in zip(scores[i * n: (i + 1) * n], completions[i * n: (i + 1) * n])
+                        if s is not None), key=lambda t: t[0])  # a None score (a bad reward) is left out
+        if len(group) < 2:
+            continue
         (worst_score, worst), (best_score, best) = group[0], group[-1]
         if best_score - worst_score >= threshold and best != worst:
             rows.append({"prompt": prompt, "chosen": best, "rejected": worst})
@@ -438,13 +609,17 @@ def online_round(policy, tokenizer, scorer, prompts, args, seed, rank, world):
     completions = generate(policy, tokenizer, texts, args.num_samples, args, greedy=False,
                            seed=seed * 1000 + rank)[: n_real * args.num_samples]
     flat_prompts = [p for p in mine for _ in range(args.num_samples)]
-    scores = scorer(flat_prompts, completions)
+    scores, bad = score_samples(scorer, flat_prompts, completions)
+    bad = [(flat_prompts[j], j % args.num_samples, what) for j, what in bad]
     rows = best_worst_pairs(mine, completions, scores, args.num_samples, args.reward_threshold)
+    good = [s for s in scores if s is not None]
+    stats = torch.tensor([sum(good), len(good), len(rows), len(bad)], dtype=torch.float64)
     if world > 1:
         gathered = [None] * world
-        dist.all_gather_object(gathered, rows)
-        rows = [r for part in gathered for r in part]
-    stats = torch.tensor([sum(scores), len(scores), len(rows)], dtype=torch.float64)
+        dist.all_gather_object(gathered, (rows, bad))
+        rows, bad = [r for part, _ in gathered for r in part], [b for _, part in gathered for b in part]
+    if bad and args.on_bad_reward == "stop":  # every process has every bad sample: all stop together
+        raise SystemExit(bad_reward_message(bad))
     return rows, stats
 
 
@@ -456,15 +631,19 @@ def evaluate(policy, tokenizer, scorer, prompts, args, rank, world):
     mine += prompts[:1] * (math.ceil(len(prompts) / world) - n_real)  # the same generate calls on every rank
     texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(mine)]
     completions = generate(policy, tokenizer, texts, 1, args, greedy=True, seed=0)[:n_real]
-    sums = [sum(scorer(mine[:n_real], completions)), n_real]
+    scores, bad = score_samples(scorer, mine[:n_real], completions)
+    good = [s for s in scores if s is not None]
+    sums = [sum(good), len(good), n_real, len(bad)]
     if args.reward_model.startswith("toy"):
         sums.append(sum(toy_task.verify(mine[:n_real], completions)))
     sums = torch.tensor(sums, dtype=torch.float64)
     if world > 1:
         dist.all_reduce(sums)
-    out = {"eval/reward": (sums[0] / sums[1]).item()}
-    if len(sums) > 2:
-        out["eval/accuracy"] = (sums[2] / sums[1]).item()
+    if sums[3] and args.on_bad_reward == "stop":  # the process with the bad sample names it
+        raise SystemExit(bad_reward_message([(mine[j], 0, what) for j, what in bad]) if bad else "a bad reward in evaluation")
+    out = {"eval/reward": (sums[0] / sums[1].clamp(min=1)).item(), "eval/bad_rewards": int(sums[3])}
+    if len(sums) > 4:
+        out["eval/accuracy"] = (sums[4] / sums[2]).item()
     return out
 
 
@@ -483,7 +662,8 @@ def save_checkpoint(output_dir, step, policy, ref, optimizer, scheduler, tokeniz
     tmp = final + ".tmp"
     full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
-        os.makedirs(tmp, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing this step
+        os.makedirs(tmp)
         unwrap(policy).save_pretrained(tmp, state_dict=full)
         tokenizer.save_pretrained(tmp)
     if world > 1:
@@ -525,7 +705,7 @@ def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
         raise ValueError(f"{path} was written by {state['world_size']} processes; resume with the same number")
     with torch.no_grad():
         for module, saved in ((policy, state["policy"]), (ref, state["ref"])):
-            if module is not None:
+            if module is not None and saved is not None:  # a reference never saved (--precompute_ref) is the initial one
                 for k, v in module.state_dict().items():
                     local(v).copy_(saved[k])
     opt_state = optimizer.state_dict()
@@ -563,6 +743,29 @@ def newest_checkpoint(output_dir):
     return os.path.join(output_dir, f"checkpoint-{max(steps)}") if steps else None
 
 
+def open_metrics(path, step):
+    """metrics.jsonl for appending: a new run starts it afresh; a resumed run keeps the records up
+    to the step it resumes from (later ones belong to the attempt that crashed)."""
+    kept = []
+    if step and os.path.exists(path):
+        with open(path) as f:
+            kept = [line for line in f if json.loads(line).get("step", 0) <= step]
+    f = open(path, "w")
+    f.writelines(kept)
+    f.flush()
+    return f
+
+
+def peak_memory_gib(device):
+    """Peak memory of this process so far: the most CUDA memory allocated at once on a GPU, else the peak
+    resident set size (weights, optimizer state, activations, and the Python interpreter with its libraries)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
 def unwrap(model):
     return getattr(model, "module", model)
 
@@ -585,6 +788,13 @@ if __name__ == "__main__":
         args.sync, args.clip = "humanline", "clamp"
     if args.sync not in ("none", "humanline", "trust_region") or args.clip not in ("none", "clamp", "sampling"):
         raise SystemExit(f"--sync must be none|humanline|trust_region and --clip none|clamp|sampling, got {args.sync}, {args.clip}")
+    # HUMANLINE: reference-free k = 1 applies when every step's reference is the policy of the step before (or the policy)
+    ref_free_applies = args.sync == "humanline" and args.sync_every == 1
+    if args.ref_free not in ("auto", "on", "off") or (args.ref_free == "on" and not ref_free_applies):
+        raise SystemExit(f"--ref_free must be auto|on|off, on only with --sync humanline --sync_every 1, got {args.ref_free}")
+    args.ref_free = "on" if ref_free_applies and args.ref_free != "off" else "off"
+    if args.precompute_ref and (args.online or args.sync != "none"):
+        raise SystemExit("--precompute_ref needs an offline run whose reference never changes (--sync none)")
     mode = ("online" if args.online else "offline") + ("-humanline" if args.humanline else "")
     if not args.humanline and (args.sync != "none" or args.clip != "none"):
         mode += f"-sync_{args.sync}-clip_{args.clip}"
@@ -593,7 +803,8 @@ if __name__ == "__main__":
     # TRY NOT TO MODIFY: distributed setup (torchrun sets RANK/WORLD_SIZE; otherwise one process)
     distributed = "RANK" in os.environ
     if distributed:
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
+                                timeout=timedelta(seconds=args.dist_timeout))  # a dead or hung peer raises, never hangs
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
@@ -609,7 +820,7 @@ if __name__ == "__main__":
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
 
-    # model, reference, tokenizer
+    # tokenizer
     toy_paths = toy_task.build(verbose=rank == 0) if "toy" in (args.model_name_or_path, args.dataset.split(":")[0],
                                                              args.eval_prompts, args.reward_model.split("_")[0]) else None
     model_path = toy_paths.model if args.model_name_or_path == "toy" else args.model_name_or_path
@@ -617,6 +828,24 @@ if __name__ == "__main__":
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     tokenizer.padding_side = "right"
 
+    # data: every row is checked before any model loads, so that bad data stops a run in seconds
+    # (train_pairs and round_pairs keep DPO's names but hold KTO examples: prompt, completion, desirable)
+    if args.offline:
+        train_pairs, trunc = encode_examples(load_rows(args.dataset, args.dataset_split, toy_paths, "preferences"), tokenizer, args)
+        if len(train_pairs) < args.batch_size:
+            raise SystemExit(f"{args.dataset} has {len(train_pairs)} examples, fewer than one batch ({args.batch_size})")
+    else:
+        train_prompts = [row.get("prompt") for row in load_rows(args.dataset, args.dataset_split, toy_paths, "prompts")]
+        trunc = check_prompts(train_prompts, tokenizer, args, args.dataset)
+        if len(train_prompts) < args.round_size:
+            raise SystemExit(f"{args.dataset} has {len(train_prompts)} prompts, fewer than one round (--round_size {args.round_size})")
+    eval_prompts = [] if args.eval_prompts == "none" else [
+        r.get("prompt") for r in load_rows(args.eval_prompts, "test", toy_paths, "eval")][: args.num_eval_prompts]
+    trunc |= {f"eval_{k}": v for k, v in check_prompts(eval_prompts, tokenizer, args, args.eval_prompts).items()}
+    if rank == 0 and any(trunc.values()):
+        print(f"truncated: {trunc} (see --max_prompt_length, --max_length)")
+
+    # models: the policy, its reference, the scorers
     def load_model():
         model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=args.trust_remote_code,
                                                      dtype=torch.float32).to(device)
@@ -632,24 +861,10 @@ if __name__ == "__main__":
 
     policy = load_model()
     policy.train()
-    ref = load_model().eval().requires_grad_(False)  # sharded exactly like the policy
+    # the reference, sharded exactly like the policy; none with --ref_free on (HUMANLINE) or --precompute_ref
+    ref = None if args.ref_free == "on" or args.precompute_ref else load_model().eval().requires_grad_(False)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and not distributed)
-
-    # data (train_pairs and round_pairs keep DPO's names but hold KTO examples: prompt, completion, desirable)
-    if args.offline:
-        train_pairs, trunc = encode_examples(load_rows(args.dataset, args.dataset_split, toy_paths, "preferences"), tokenizer, args)
-        if len(train_pairs) < args.batch_size:
-            raise SystemExit(f"{args.dataset} has {len(train_pairs)} examples, fewer than one batch ({args.batch_size})")
-        if rank == 0 and any(trunc.values()):
-            print(f"truncated: {trunc} (see --max_prompt_length, --max_length)")
-    else:
-        prompt_rows = load_rows(args.dataset, args.dataset_split, toy_paths, "prompts")
-        train_prompts = [row["prompt"] for row in prompt_rows]
-        scorer = make_scorer(args.reward_model, tokenizer, device, args)
-    eval_prompts = [] if args.eval_prompts == "none" else [
-        r["prompt"] for r in load_rows(args.eval_prompts, "test", toy_paths, "eval")][: args.num_eval_prompts]
-    if eval_prompts and args.offline:
-        scorer = make_scorer(args.reward_model, tokenizer, device, args)
+    scorer = make_scorer(args.reward_model, tokenizer, device, args) if args.online or eval_prompts else None
 
     # optimizer and schedule
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, betas=(0.9, 0.999),
@@ -661,21 +876,44 @@ if __name__ == "__main__":
         math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c)
     sampling_gen = torch.Generator(device).manual_seed(args.seed + rank)
 
+    def step_batch(s):
+        """The batch of step s: offline a pure function of s; online a slice of the current round (None past its end)."""
+        if args.offline:
+            return offline_batch(train_pairs, s, args.batch_size, args.seed)
+        if s - round_start >= len(round_pairs) // args.batch_size:
+            return None
+        return round_pairs[(s - round_start) * args.batch_size: (s - round_start + 1) * args.batch_size]
+
+    ref_cache = None  # --precompute_ref: the frozen reference is the initial policy: its log-probs of every training sequence
+    if args.precompute_ref:
+        forwards = [seqs for s in range(args.max_steps) for _, seqs in forward_batches(step_batch(s), args, rank, world)]
+        ref_cache = precompute_logps(policy, [x for seqs in forwards for x in seqs], len(forwards[0]), tokenizer.pad_token_id,
+                                     device, autocast, rank, world)
+
     # resume
     step, round_index, round_pairs, round_start = 0, 0, [], 0
+    ref_ahead = None  # HUMANLINE: --ref_free on: the next step's reference log-probs per micro-batch (None: the policy's own)
+    bad_steps, bad_streak = 0, 0  # steps skipped for a non-finite loss or gradient: in all, and in a row
     ckpt = newest_checkpoint(args.output_dir) if args.resume else None
     if ckpt:
         state = load_checkpoint(ckpt, policy, ref, optimizer, scheduler, rank, world)
         step, round_index, round_start = state["step"], state["round_index"], state["round_start"]
         round_pairs = state["round_pairs"]
         sampling_gen.set_state(state["sampling_gen"])
+        if state["args"].get("ref_free", "off") != args.ref_free:  # HUMANLINE: the reference lives in the model or in ref_ahead
+            raise SystemExit(f"{ckpt} was written with --ref_free {state['args'].get('ref_free', 'off')}: resume with the same")
+        ref_ahead = None if state.get("ref_ahead") is None else [t.to(device) for t in state["ref_ahead"]]  # HUMANLINE
+        bad_steps = state.get("bad_steps", 0)
         if rank == 0:
             print(f"resumed from {ckpt} at step {step}")
     if rank == 0:
         os.makedirs(args.output_dir, exist_ok=True)
+        for d in os.listdir(args.output_dir):  # half-written checkpoints of a killed run (never loaded): removed
+            if d.startswith("checkpoint-") and d.endswith(".tmp"):
+                shutil.rmtree(os.path.join(args.output_dir, d), ignore_errors=True)
         with open(os.path.join(args.output_dir, "args.json"), "w") as f:
             json.dump(asdict(args), f, indent=2)
-    log_file = open(os.path.join(args.output_dir, "metrics.jsonl"), "a") if rank == 0 else None
+    log_file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), step) if rank == 0 else None
 
     def log(record):
         if rank == 0:
@@ -685,7 +923,13 @@ if __name__ == "__main__":
     def checkpoint():
         save_checkpoint(args.output_dir, step, policy, ref, optimizer, scheduler, tokenizer,
                         {"round_index": round_index, "round_pairs": round_pairs, "round_start": round_start,
-                         "sampling_gen": sampling_gen.get_state(), "args": asdict(args)}, rank, world)
+                         "ref_ahead": None if ref_ahead is None else [t.cpu() for t in ref_ahead],  # HUMANLINE: --ref_free
+                         "sampling_gen": sampling_gen.get_state(), "bad_steps": bad_steps, "args": asdict(args)}, rank, world)
+
+    # TRY NOT TO MODIFY: a SIGTERM (a scheduler's preemption; torchrun passes it on to every process) asks for a
+    # checkpoint at the end of the current step and a clean exit; --resume continues from there
+    stop = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
 
     # the loop
     bar = tqdm(total=args.max_steps, initial=step, desc=f"kto {mode}", disable=rank != 0, dynamic_ncols=True)
@@ -701,35 +945,29 @@ if __name__ == "__main__":
             round_pairs, round_start, round_index = encode_examples(rows, tokenizer, args, sampled=True)[0], step, round_index + 1
             shuffle = torch.Generator().manual_seed(1_000_003 * (args.seed + 1) + round_index)
             round_pairs = [round_pairs[i] for i in torch.randperm(len(round_pairs), generator=shuffle).tolist()]
-            log({"step": step, "online/round": round_index, "online/sample_reward": (stats[0] / stats[1]).item(),
-                 "online/pairs": len(rows), "online/kept_frac": len(rows) / len(prompts), "online/seconds": time.time() - t0})
+            log({"step": step, "online/round": round_index, "online/sample_reward": (stats[0] / stats[1].clamp(min=1)).item(),
+                 "online/bad_rewards": int(stats[3]), "online/pairs": len(rows),
+                 "online/kept_frac": len(rows) / len(prompts), "online/seconds": time.time() - t0})
             if len(round_pairs) < args.batch_size:
                 raise SystemExit(f"round {round_index} kept {len(round_pairs)} examples, fewer than one batch; "
                                  "raise --round_size or lower --reward_threshold")
             continue
-        if args.online:
-            batch = round_pairs[(step - round_start) * args.batch_size: (step - round_start + 1) * args.batch_size]
-        else:  # offline: a fixed permutation per epoch, so a step's batch depends on the step only
-            per_epoch = len(train_pairs) // args.batch_size
-            epoch, pos = divmod(step, per_epoch)
-            order = torch.randperm(len(train_pairs), generator=torch.Generator().manual_seed(args.seed + epoch))
-            batch = [train_pairs[i] for i in order[pos * args.batch_size: (pos + 1) * args.batch_size].tolist()]
-        kl_batch = kto_kl_pairs(batch, args.max_length)  # ALGO LOGIC: mismatched pairs over the whole batch, then split
-        batch = batch[rank * len(batch) // world: (rank + 1) * len(batch) // world]
-        kl_batch = kl_batch[rank * len(kl_batch) // world: (rank + 1) * len(kl_batch) // world]
+        batch = step_batch(step)
 
         sums, counts, n_tokens = {}, {}, 0
-        for micro in range(grad_accum):
-            examples = batch[micro * args.micro_batch_size: (micro + 1) * args.micro_batch_size]
-            kl_pairs = kl_batch[micro * args.micro_batch_size: (micro + 1) * args.micro_batch_size]
-            # ALGO LOGIC: one forward per model on the examples and their KL pairs concatenated
-            ids, attn, mask = collate([(p, c) for p, c, _ in examples] + kl_pairs, tokenizer.pad_token_id, device)
+        for micro, (examples, sequences) in enumerate(forward_batches(batch, args, rank, world)):
+            # ALGO LOGIC: one forward per model on the examples and their KL pairs (formed over the whole batch) concatenated
+            ids, attn, mask = collate(sequences, tokenizer.pad_token_id, device)
             if distributed:
                 policy.set_requires_gradient_sync(micro == grad_accum - 1)  # reduce-scatter once per step
             with autocast:
                 with torch.no_grad():
-                    ref_logps = token_logps(ref, ids, attn, mask)
+                    ref_logps = token_logps(ref, ids, attn, mask) if ref is not None else None
                 policy_logps = token_logps(policy, ids, attn, mask)
+            if ref_cache is not None:  # --precompute_ref: computed before training
+                ref_logps = completion_values([ref_cache[sequence_key(p, c)] for p, c in sequences], sequences, policy_logps)
+            elif args.ref_free == "on":  # HUMANLINE: computed by the previous step's policy; at step 0 and when a round starts, the policy's own
+                ref_logps = ref_ahead[micro] if ref_ahead is not None else policy_logps.detach()
             mask = mask[:, 1:]
             bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             if args.clip == "sampling":  # HUMANLINE (ablation): rejected tokens are detached instead of clamped
@@ -750,9 +988,21 @@ if __name__ == "__main__":
                 sums[k] = sums.get(k, 0.0) + v.sum().item()
                 counts[k] = counts.get(k, 0) + v.numel()
             n_tokens += int(mask.sum().item())
+        # a non-finite loss or gradient skips the step; a SIGTERM stops the run after it (every process agrees on both)
+        flags = torch.tensor([float(not math.isfinite(sums.get("loss", 0.0))), float(bool(stop))], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(flags)
+        if args.ref_free == "on":  # HUMANLINE: syncing now would make these weights the next step's reference: use them on its batch
+            upcoming = step_batch(step + 1) if step + 1 < args.max_steps else None  # None when a round ends (the next starts from the policy)
+            ref_ahead = None if upcoming is None else no_grad_logps(
+                policy, [sequences for _, sequences in forward_batches(upcoming, args, rank, world)], tokenizer.pad_token_id, device, autocast)
         lr = scheduler.get_last_lr()[0]  # the learning rate of this step's update
-        grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, step)
+        grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, step,
+                                   skip=bool(flags[0]))
+        bad = bool(flags[0]) or not torch.isfinite(grad_norm).item()
+        bad_steps, bad_streak = bad_steps + bad, bad_streak + 1 if bad else 0
         step += 1
+        seconds = time.time() - t0  # the step's wall time: data, forwards, backward, update (not logging, evaluation, checkpoints)
 
         # TRY NOT TO MODIFY: logging, evaluation, checkpoints
         keys = sorted(sums)  # each metric is a mean over its entries (a group may be empty in a step)
@@ -760,16 +1010,28 @@ if __name__ == "__main__":
         if world > 1:
             dist.all_reduce(totals)
         record = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys): -1].tolist()) if c}
-        record |= {"step": step, "grad_norm": grad_norm.item(), "lr": lr,
-                   "tokens_per_s": totals[-1].item() / (time.time() - t0)}
+        record |= {"step": step, "grad_norm": grad_norm.item(), "lr": lr, "bad_steps": bad_steps,
+                   "tokens_per_s": totals[-1].item() / (time.time() - t0), "perf/step_seconds": seconds,
+                   "perf/peak_memory_gib": peak_memory_gib(device)}
         if eval_prompts and ((args.eval_every and step % args.eval_every == 0) or step == args.max_steps):
             record |= evaluate(policy, tokenizer, scorer, eval_prompts, args, rank, world)
         if step % args.log_every == 0 or "eval/reward" in record:
             log(record)
         bar.update(1)
         bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in ("loss", "rewards/margins", "eval/reward") if k in record})
-        if (args.save_every and step % args.save_every == 0) or step == args.max_steps:
+        if bad_streak >= args.max_bad_steps:
+            raise SystemExit(f"stopping: the last {bad_streak} steps (up to step {step}) had a non-finite loss or gradient and "
+                             f"were skipped; the newest checkpoint, {newest_checkpoint(args.output_dir)}, is from before them. "
+                             "Lower --learning_rate or --max_grad_norm, or look for bad data.")
+        if (args.save_every and step % args.save_every == 0 and not bad_streak) or step == args.max_steps or flags[1]:
             checkpoint()
+        if flags[1]:
+            bar.close()
+            if rank == 0:
+                print(f"SIGTERM: stopped after step {step} with a checkpoint; continue with --resume")
+            if distributed:
+                dist.destroy_process_group()
+            sys.exit(0)
     bar.close()
 
     # final save: a Hugging Face model directory
