@@ -709,7 +709,7 @@ def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
                 for k, v in module.state_dict().items():
                     local(v).copy_(saved[k])
     opt_state = optimizer.state_dict()
-    restore_into(opt_state, state["optimizer"])
+    restore_into(opt_state, state["optimizer"], [p for group in optimizer.param_groups for p in group["params"]])
     optimizer.load_state_dict(opt_state)
     scheduler.load_state_dict(state["scheduler"])
     for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
@@ -721,18 +721,21 @@ def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
     return state
 
 
-def restore_into(live, saved):
-    """Copy saved local tensors into a live (possibly sharded) optimizer state dict, in place."""
+def restore_into(live, saved, params):
+    """Put saved local tensors into a live optimizer state dict, in place: the state of an FSDP2 parameter
+    (a DTensor; `params` in the state dict's order) becomes a DTensor sharded like it, so that a freshly
+    built optimizer, which has no state yet, resumes with the same layout it would have built itself."""
+    from torch.distributed.tensor import DTensor
+
     for k, v in saved.items():
         if k == "state":
             for pid, s in v.items():
-                live["state"].setdefault(pid, {})
-                for name, t in s.items():
-                    cur = live["state"][pid].get(name)
-                    if isinstance(cur, torch.Tensor) and hasattr(cur, "to_local"):
-                        local(cur).copy_(t)
-                    else:
-                        live["state"][pid][name] = t
+                p = params[pid]
+                live["state"][pid] = {
+                    name: DTensor.from_local(t.to(local(p).device), p.device_mesh, p.placements, run_check=False,
+                                             shape=p.shape, stride=p.stride())
+                    if isinstance(p, DTensor) and t.dim() and t.shape == local(p).shape else t
+                    for name, t in s.items()}
         elif k != "param_groups":
             live[k] = v
 
@@ -934,7 +937,7 @@ if __name__ == "__main__":
     # the loop
     bar = tqdm(total=args.max_steps, initial=step, desc=f"kto {mode}", disable=rank != 0, dynamic_ncols=True)
     while step < args.max_steps:
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         if args.online and step - round_start >= len(round_pairs) // args.batch_size:
             # ALGO LOGIC: a new round of Algorithm 1: reference <- policy, sample, score, pair
             sync_reference(ref, policy)
@@ -953,6 +956,12 @@ if __name__ == "__main__":
                                  "raise --round_size or lower --reward_threshold")
             continue
         batch = step_batch(step)
+        if args.ref_free == "on":  # HUMANLINE: the next step's reference is the policy as it is until this step's update (syncing
+            # would copy it then): its log-probs of the next batch, computed now, before gradients take memory; None when
+            # a round ends (the next round starts with reference = policy)
+            upcoming = step_batch(step + 1) if step + 1 < args.max_steps else None
+            ref_next = None if upcoming is None else no_grad_logps(
+                policy, [sequences for _, sequences in forward_batches(upcoming, args, rank, world)], tokenizer.pad_token_id, device, autocast)
 
         sums, counts, n_tokens = {}, {}, 0
         for micro, (examples, sequences) in enumerate(forward_batches(batch, args, rank, world)):
@@ -992,17 +1001,16 @@ if __name__ == "__main__":
         flags = torch.tensor([float(not math.isfinite(sums.get("loss", 0.0))), float(bool(stop))], dtype=torch.float64)
         if world > 1:
             dist.all_reduce(flags)
-        if args.ref_free == "on":  # HUMANLINE: syncing now would make these weights the next step's reference: use them on its batch
-            upcoming = step_batch(step + 1) if step + 1 < args.max_steps else None  # None when a round ends (the next starts from the policy)
-            ref_ahead = None if upcoming is None else no_grad_logps(
-                policy, [sequences for _, sequences in forward_batches(upcoming, args, rank, world)], tokenizer.pad_token_id, device, autocast)
+        if args.ref_free == "on":
+            ref_ahead = ref_next  # HUMANLINE: the next step's reference log-probs
         lr = scheduler.get_last_lr()[0]  # the learning rate of this step's update
         grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, step,
                                    skip=bool(flags[0]))
         bad = bool(flags[0]) or not torch.isfinite(grad_norm).item()
         bad_steps, bad_streak = bad_steps + bad, bad_streak + 1 if bad else 0
         step += 1
-        seconds = time.time() - t0  # the step's wall time: data, forwards, backward, update (not logging, evaluation, checkpoints)
+        # the step's wall time and CPU time (all threads): data, forwards, backward, update (not logging, evaluation, checkpoints)
+        seconds, cpu_seconds = time.time() - t0, time.process_time() - cpu0
 
         # TRY NOT TO MODIFY: logging, evaluation, checkpoints
         keys = sorted(sums)  # each metric is a mean over its entries (a group may be empty in a step)
@@ -1012,7 +1020,7 @@ if __name__ == "__main__":
         record = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys): -1].tolist()) if c}
         record |= {"step": step, "grad_norm": grad_norm.item(), "lr": lr, "bad_steps": bad_steps,
                    "tokens_per_s": totals[-1].item() / (time.time() - t0), "perf/step_seconds": seconds,
-                   "perf/peak_memory_gib": peak_memory_gib(device)}
+                   "perf/step_cpu_seconds": cpu_seconds, "perf/peak_memory_gib": peak_memory_gib(device)}
         if eval_prompts and ((args.eval_every and step % args.eval_every == 0) or step == args.max_steps):
             record |= evaluate(policy, tokenizer, scorer, eval_prompts, args, rank, world)
         if step % args.log_every == 0 or "eval/reward" in record:

@@ -1,0 +1,392 @@
+"""What humanline costs per training step: side by side with offline training and with the floor, on the same tokens.
+
+    python experiments/bench.py                       # toy model and a random 30M Llama; DPO, KTO, GRPO (~10 min, 2 cores)
+    python experiments/bench.py --models 30m --algos dpo --repeats 2
+    python experiments/bench.py --quick               # toy model, 3 steps: a smoke test (~3 min)
+
+For each model and algorithm, every configuration trains on the same offline batches, step for step (the online
+rows excepted, which train on what they sample):
+
+    floor            a bare forward + backward of the policy plus a no-grad forward of the reference, nothing else
+                     (no loss, no optimizer, no logging): what any trainer with a reference model pays at least
+    offline          the script with --offline: a frozen reference model
+    precompute       --offline --precompute_ref: the reference's log-probs computed before training; no reference model
+    humanline k=1    --offline --humanline: reference-free (--ref_free auto = on), no reference model
+    k=1, 2 models    --offline --humanline --ref_free off: two models, the reference synced in place every step
+    humanline k=16   --offline --humanline --sync_every 16 (two models)
+    online           --online: a round's sampling (+ scoring, + GRPO's sampler log-probs) and its training steps,
+                     timed separately ("round s" column)
+    sync             one sync_reference (an in-place copy of every parameter into the reference), timed alone
+
+Measured: each configuration runs in a fresh process (one thread on CPU) for --steps optimizer steps; its step
+time is the median over the steps but the first (warm-up) and the last (reference-free humanline has no next
+step to prepare there), read from the scripts' own perf/ metrics: the step's wall time and CPU time (data,
+forwards, backward, update; not logging or checkpoints). On a CPU shared with other work, wall time mostly
+measures the neighbours; a one-thread process's CPU time is close to its wall time on a quiet core, so on
+CPU the ratios are of CPU times (both times are in the table), on a GPU of wall times. --repeats runs every
+configuration again, interleaved, and keeps each one's fastest median. Peak memory is the scripts'
+perf/peak_memory_gib: the process's peak resident set size on CPU (weights, gradients, optimizer state,
+activations, plus the interpreter and its libraries: the "python + libraries" figure is that part alone), the
+most CUDA memory allocated at once on a GPU. The floor and sync rows run this file's worker on the scripts' own
+functions (offline_batch, forward_batches, collate, token_logps, sync_reference). tokens/s counts every
+non-padding token of the step's forwards (prompt + completion); model FLOPs per step are 8 x parameters x those
+tokens (forward + backward of the policy, 6N per token, and a forward of the reference, 2N), and MFU divides
+their rate by --peak_tflops. With a CUDA device the whole matrix also runs there (bf16 autocast, as the scripts
+do); without one it says so and skips it.
+
+Writes experiments/results/bench.jsonl (one line per row) and bench.md (the table, with the command).
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "experiments", "results")
+SCRIPTS = {"dpo": "dpo_humanline.py", "kto": "kto_humanline.py", "grpo": "grpo_humanline.py"}
+# --batch_size per model and algorithm (one micro-batch per step): 64 sequences a step on the toy model (DPO: 32 pairs,
+# KTO: 32 examples + 32 KL pairs, GRPO: 32 groups of two), 16 on the 30M model
+BATCH = {"toy": {"dpo": 32, "kto": 32, "grpo": 64}, "30m": {"dpo": 8, "kto": 8, "grpo": 16}}
+OFFLINE = [
+    ("offline", ["--offline"]),
+    ("precompute", ["--offline", "--precompute_ref"]),
+    ("humanline k=1", ["--offline", "--humanline"]),
+    ("k=1, 2 models", ["--offline", "--humanline", "--ref_free", "off"]),
+    ("humanline k=16", ["--offline", "--humanline", "--sync_every", "16"]),
+]
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}  # dense bf16
+
+
+def online_flags(algo, model, batch):
+    """A round covers about two steps: DPO/KTO sample 2 x (pairs a step) prompts x 4; GRPO samples groups of 4 for
+    two steps (--sample_every 2). The random 30M model's samples all score 0: --reward_threshold 0 keeps its pairs."""
+    if algo == "grpo":
+        return ["--online", "--num_generations", "4", "--sample_every", "2"]
+    pairs_per_step = batch if algo == "dpo" else batch // 2
+    flags = ["--online", "--round_size", str(2 * pairs_per_step if algo == "dpo" else 4 * pairs_per_step), "--num_samples", "4"]
+    return flags + (["--reward_threshold", "0"] if model != "toy" else [])
+
+
+# ----------------------------------------------------------------------------------------------
+# The random ~30M-parameter model
+# ----------------------------------------------------------------------------------------------
+
+
+def random_llama(cache):
+    """A randomly initialised Llama of 30.7M parameters (hidden 512, 9 layers, MLP 1536, 8 heads) with the toy
+    tokenizer (vocabulary 17, so the weights are almost all in the layers), saved once with save_pretrained."""
+    path = os.path.join(cache, "llama30m")
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return path
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    import toy_task
+
+    tok = AutoTokenizer.from_pretrained(toy_task.build(verbose=False).model)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1536, num_hidden_layers=9,
+                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64, tie_word_embeddings=True,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    tmp = path + ".tmp"
+    LlamaForCausalLM(config).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Workers (a fresh process each): the floor and the sync, and the interpreter with its libraries alone
+# ----------------------------------------------------------------------------------------------
+
+
+def peak_gib(device):
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+def worker(opts):
+    import importlib
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import toy_task
+
+    m = importlib.import_module(SCRIPTS[opts.algo][:-3])
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    toy = toy_task.build(verbose=False)
+    path = toy.model if opts.model_path == "toy" else opts.model_path
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.pad_token = tok.pad_token or tok.eos_token
+    if opts.worker == "baseline":
+        return {"peak_gib": peak_gib(device)}
+    args = m.Args(batch_size=opts.batch, micro_batch_size=opts.batch)
+    rows = m.load_rows("toy", "train", toy, "preferences")
+    if opts.algo == "kto":
+        data = m.encode_examples(rows, tok, args)[0]
+    else:
+        data = m.encode_pairs(rows, tok, args)[0]
+    if opts.algo == "grpo":  # as the script: each pair a group of two
+        groups = [(p, [c, r], [1.0, 0.0]) for p, c, r in data]
+        batch_of = lambda s: m.group_sequences(m.offline_batch(groups, s, opts.batch // 2, args.seed))  # noqa: E731
+    else:
+        batch_of = lambda s: m.offline_batch(data, s, opts.batch, args.seed)  # noqa: E731
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+
+    policy, ref = load().train(), load().eval().requires_grad_(False)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times, cpu, tokens = [], [], []
+    for s in range(opts.steps):
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        n = 0
+        for _, sequences in m.forward_batches(batch_of(s), args, 0, 1):
+            ids, attn, mask = m.collate(sequences, tok.pad_token_id, device)
+            with autocast:
+                with torch.no_grad():
+                    m.token_logps(ref, ids, attn, mask)
+                m.token_logps(policy, ids, attn, mask).sum().backward()
+            n += int(attn.sum())
+        for p in policy.parameters():
+            p.grad = None
+        sync()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - cpu0)
+        tokens.append(n)
+    sync_times, sync_cpu = [], []
+    for _ in range(20):
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        m.sync_reference(ref, policy)
+        sync()
+        sync_times.append(time.perf_counter() - t0)
+        sync_cpu.append(time.process_time() - cpu0)
+    return {"steps": times, "cpu": cpu, "tokens": tokens, "params": sum(p.numel() for p in policy.parameters()),
+            "sync_s": statistics.median(sync_times), "sync_cpu": statistics.median(sync_cpu), "peak_gib": peak_gib(device)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the configurations
+# ----------------------------------------------------------------------------------------------
+
+
+def env_for(device):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def run_worker(kind, algo, model_path, batch, steps, device):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--algos", algo, "--model_path", model_path,
+           "--batch", str(batch), "--steps", str(steps)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device), capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_script(algo, model_path, flags, batch, steps, device, workdir):
+    out = tempfile.mkdtemp(dir=workdir)
+    cmd = [sys.executable, SCRIPTS[algo], "--model_name_or_path", model_path, "--max_steps", str(steps),
+           "--batch_size", str(batch), "--micro_batch_size", str(batch), "--eval_prompts", "none", "--save_every", "0",
+           "--output_dir", out, *flags]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device), capture_output=True, text=True)
+    try:
+        if proc.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    train = [r for r in records if "perf/step_seconds" in r]
+    rounds = [r["online/seconds"] for r in records if "online/seconds" in r]
+    return {"steps": [r["perf/step_seconds"] for r in train], "cpu": [r["perf/step_cpu_seconds"] for r in train], "peak_gib": max(r["perf/peak_memory_gib"] for r in train),
+            "round_s": statistics.median(rounds) if rounds else None,
+            "online_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train) if rounds else None}
+
+
+def measured(steps):
+    """The median step time without the first step (warm-up) and the last (reference-free humanline computes no
+    next-step reference log-probs there)."""
+    return statistics.median(steps[1:-1] if len(steps) > 2 else steps[-1:])
+
+
+def bench(opts, device, workdir):
+    rows = []
+    for model in opts.models:
+        model_path = "toy" if model == "toy" else random_llama(os.path.join(ROOT, ".cache", "bench"))
+        base = run_worker("baseline", "dpo", model_path, 1, 1, device)
+        rows.append({"device": device, "model": model, "algo": "-", "config": "python + libraries", "peak_gib": base["peak_gib"]})
+        for algo in opts.algos:
+            batch = BATCH[model][algo]
+            configs = [("floor", None)] + OFFLINE + [("online", online_flags(algo, model, batch))]
+            results = {}
+            for rep in range(opts.repeats):  # repeats interleave the configurations: slow spells hit all alike
+                for name, flags in configs:
+                    print(f"[{device} {model} {algo}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
+                    r = (run_worker("floor", algo, model_path, batch, opts.steps, device) if flags is None
+                         else run_script(algo, model_path, flags, batch, opts.steps, device, workdir))
+                    results.setdefault(name, []).append(r)
+            floor = results["floor"][0]
+            tokens, params = statistics.median(floor["tokens"][1:] or floor["tokens"]), floor["params"]
+            wall = {name: min(measured(r["steps"]) for r in rs) for name, rs in results.items()}
+            cpu = {name: min(measured(r["cpu"]) for r in rs) for name, rs in results.items()}
+            step = cpu if device == "cpu" else wall  # the basis of the ratios (see the docstring)
+            peak = {name: statistics.median(r["peak_gib"] for r in rs) for name, rs in results.items()}
+            sync_wall = min(r["sync_s"] for r in results["floor"])
+            sync_cpu = min(r["sync_cpu"] for r in results["floor"])
+            sync_s = sync_cpu if device == "cpu" else sync_wall
+            cmd_flags = {name: flags for name, flags in configs}
+            for name in [c for c, _ in configs] + ["sync"]:
+                row = {"device": device, "model": model, "algo": algo, "config": name, "params": params,
+                       "batch_size": batch, "steps": opts.steps, "tokens_per_step": tokens,
+                       "basis": "cpu" if device == "cpu" else "wall"}
+                if name == "sync":
+                    row |= {"step_s": sync_wall, "step_cpu_s": sync_cpu, "vs_offline": sync_s / step["offline"],
+                            "vs_floor": sync_s / step["floor"]}
+                else:
+                    row |= {"flags": cmd_flags[name], "step_s": wall[name], "step_cpu_s": cpu[name],
+                            "vs_offline": step[name] / step["offline"], "vs_floor": step[name] / step["floor"],
+                            "peak_gib": peak[name], "peak_vs_offline": peak[name] / peak["offline"],
+                            "all_steps": [r["steps"] for r in results[name]], "all_cpu": [r["cpu"] for r in results[name]]}
+                    if name == "online":
+                        r = results["online"][0]
+                        row |= {"round_s": statistics.median(x["round_s"] for x in results["online"]),
+                                "completion_tokens_per_s": r["online_tokens_per_s"]}
+                    else:
+                        row |= {"tokens_per_s": tokens / step[name], "tflops": 8 * params * tokens / step[name] / 1e12}
+                        if opts.peak_tflops:
+                            row["mfu"] = row["tflops"] / opts.peak_tflops
+                rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------
+
+
+def fmt(x, spec):
+    return "" if x is None else format(x, spec)
+
+
+def table(rows):
+    lines = []
+    for device in dict.fromkeys(r["device"] for r in rows):
+        for model in dict.fromkeys(r["model"] for r in rows if r["device"] == device):
+            block = [r for r in rows if r["device"] == device and r["model"] == model]
+            base = next((r for r in block if r["config"] == "python + libraries"), None)
+            first = next(r for r in block if "params" in r)
+            mfu = any("mfu" in r for r in block)
+            lines += ["", f"**{model} model on {device}** ({first['params'] / 1e6:.1f}M parameters; python + libraries alone: "
+                      f"{base['peak_gib']:.2f} GiB peak)" if base else f"**{model} on {device}**", ""]
+            lines += ["| algo | configuration | step wall (s) | step CPU (s) | / offline | / floor | peak memory (GiB) | / offline "
+                      "| tokens/s | TFLOP/s" + (" | MFU" if mfu else "") + " |",
+                      "|---|---|---|---|---|---|---|---|---|---" + ("|---" if mfu else "") + "|"]
+            for r in block:
+                if r["config"] == "python + libraries":
+                    continue
+                if r["config"] == "sync":
+                    lines.append(f"| {r['algo']} | sync (one in-place copy) | {r['step_s'] * 1000:.1f} ms | {r['step_cpu_s'] * 1000:.1f} ms | "
+                                 f"{100 * r['vs_offline']:.2f}% | | | | | |" + (" |" if mfu else ""))
+                    continue
+                tps = (f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else f"{r['completion_tokens_per_s']:.0f} (completions, wall)")
+                step = f"{r['step_s']:.3f}" + (f" (+ round {r['round_s']:.2f})" if r.get("round_s") else "")
+                lines.append(f"| {r['algo']} | {r['config']} | {step} | {r['step_cpu_s']:.3f} | {r['vs_offline']:.3f} | {r['vs_floor']:.3f} | "
+                             f"{r['peak_gib']:.3f} | {r['peak_vs_offline']:.3f} | {tps} | {fmt(r.get('tflops'), '.3f')}"
+                             + (f" | {fmt(r.get('mfu'), '.1%')}" if mfu else "") + " |")
+    return "\n".join(lines)
+
+
+def targets(rows):
+    """The issue's targets, each with its measured value."""
+    out = []
+    get = lambda d, m, a, c: next((r for r in rows if (r["device"], r["model"], r["algo"], r["config"]) == (d, m, a, c)), None)  # noqa: E731
+    for r in rows:
+        if r["config"] == "humanline k=1":
+            out.append((f"{r['model']} {r['algo']}: humanline k=1 / offline <= 1.05", r["vs_offline"], r["vs_offline"] <= 1.05))
+    for r in rows:
+        if r["config"] == "sync" and r["model"] == "30m":
+            out.append((f"30m {r['algo']}: sync / offline step <= 1%", r["vs_offline"], r["vs_offline"] <= 0.01))
+    for r in rows:
+        if r["config"] == "offline":
+            out.append((f"{r['model']} {r['algo']}: offline / floor <= 1.15", r["vs_floor"], r["vs_floor"] <= 1.15))
+    for r in rows:
+        pre = get(r["device"], r["model"], r["algo"], "precompute")
+        if r["config"] == "humanline k=1" and r["model"] == "30m" and pre:
+            ratio = r["peak_gib"] / pre["peak_gib"]
+            out.append((f"30m {r['algo']}: peak memory humanline k=1 / precompute <= 1.05", ratio, ratio <= 1.05))
+    return "\n".join(f"- {'met' if ok else 'MISSED'}: {name}: {value:.3f}" for name, value, ok in out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="toy,30m", help="Comma-separated: toy, 30m.")
+    p.add_argument("--algos", default="dpo,kto,grpo")
+    p.add_argument("--steps", type=int, default=5, help="Optimizer steps per configuration (the first and last are not timed).")
+    p.add_argument("--repeats", type=int, default=1, help="Runs per configuration, interleaved; the fastest median counts.")
+    p.add_argument("--device", default="auto", help="auto (CPU, and CUDA too when there is a GPU) | cpu | cuda")
+    p.add_argument("--peak_tflops", type=float, default=None, help="Peak dense TFLOP/s of the device for MFU (GPU default: from its name).")
+    p.add_argument("--quick", action="store_true", help="Toy model, 3 steps: a smoke test.")
+    p.add_argument("--out", default=os.path.join(RESULTS, "bench"), help="Writes OUT.jsonl and OUT.md.")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
+    opts = p.parse_args()
+    sys.path.insert(0, ROOT)
+    if opts.worker:
+        opts.algo = opts.algos
+        print(json.dumps(worker(opts)))
+        return
+    opts.models, opts.algos = opts.models.split(","), opts.algos.split(",")
+    if opts.quick:
+        opts.models, opts.steps = ["toy"], 3
+    import torch
+
+    devices = ["cpu"] if opts.device in ("auto", "cpu") else []
+    if opts.device in ("auto", "cuda"):
+        if torch.cuda.is_available():
+            devices.append("cuda")
+            name = torch.cuda.get_device_name()
+            opts.peak_tflops = opts.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+        else:
+            print("no CUDA device found: the GPU rows (bf16, tokens/s, MFU) are skipped", file=sys.stderr)
+    command = "python experiments/bench.py " + " ".join(sys.argv[1:])
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    start = time.time()
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for device in devices:
+            peak = opts.peak_tflops if device == "cuda" else None
+            rows += bench(argparse.Namespace(**{**vars(opts), "peak_tflops": peak}), device, workdir)
+    meta = {"command": command.strip(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "load_before": load, "minutes": (time.time() - start) / 60}
+    os.makedirs(os.path.dirname(opts.out), exist_ok=True)
+    with open(opts.out + ".jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row | {"meta": meta}) + "\n")
+    text = (f"`{meta['command']}` ({meta['minutes']:.1f} min; torch {meta['torch']}, {meta['cpus']} CPUs, one thread per "
+            f"process, load average {load:.1f} before the run)\n" + table(rows) + "\n\nTargets:\n\n" + targets(rows) + "\n")
+    with open(opts.out + ".md", "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
