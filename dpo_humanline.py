@@ -20,6 +20,19 @@ Modes
   trust_region` (copy *after* the optimizer step, TR-DPO), `--clip sampling` (Beta-based token
   rejection, humanline_sampling.py), or either change alone.
 
+Memory and speed
+- Reference-free humanline, k = 1 (`--ref_free auto`: on with `--sync humanline --sync_every 1`): no reference
+  model. Syncing before each update makes the reference of step t + 1 the policy as it is during step t, so at the
+  start of step t the policy computes its log-probs of step t + 1's batch, and no copy is kept; at step 0 and when
+  an online round starts (reference <- policy) the reference is the policy itself. The same losses as two models
+  synced in place (`--ref_free off`), with one model's memory, no copy and the same forwards. After a step skipped
+  for a non-finite loss (no update, no sync) the reference is the unchanged policy, where two models would keep
+  the one before it.
+- `--precompute_ref` (offline, `--sync none`): the frozen reference is the initial policy, so its log-probs of
+  every training sequence are computed once before training (grouped by length) and no reference model is kept.
+- Each micro-batch is padded to its own longest sequence; generation uses the KV cache, `--generation_batch_size`
+  prompts per call. `experiments/bench.py` measures what each variant costs per step.
+
 Deviations from the paper
 - Defaults are for the built-in toy task (toy_task.py: a 0.6M-parameter Llama on 3-digit addition,
   trained on a laptop CPU in minutes), so the learning rate is much larger than the paper's.
@@ -821,8 +834,8 @@ if __name__ == "__main__":
 
     # resume
     step, round_index, round_pairs, round_start = 0, 0, [], 0
-    bad_steps, bad_streak = 0, 0  # steps skipped for a non-finite loss or gradient: in all, and in a row
     ref_ahead = None  # HUMANLINE: --ref_free on: the next step's reference log-probs per micro-batch (None: the policy's own)
+    bad_steps, bad_streak = 0, 0  # steps skipped for a non-finite loss or gradient: in all, and in a row
     ckpt = newest_checkpoint(args.output_dir) if args.resume else None
     if ckpt:
         state = load_checkpoint(ckpt, policy, ref, optimizer, scheduler, rank, world)

@@ -44,6 +44,19 @@ The KL pairs and z0
   backward passes. So one process with `--micro_batch_size` m * W trains exactly like W processes
   with m, and z0 depends on `--micro_batch_size` x processes, not on the number of processes alone.
 
+Memory and speed
+- Reference-free humanline, k = 1 (`--ref_free auto`: on with `--sync humanline --sync_every 1`): no reference
+  model. Syncing before each update makes the reference of step t + 1 the policy as it is during step t, so at the
+  start of step t the policy computes its log-probs of step t + 1's batch, and no copy is kept; at step 0 and when
+  an online round starts (reference <- policy) the reference is the policy itself. The same losses as two models
+  synced in place (`--ref_free off`), with one model's memory, no copy and the same forwards. After a step skipped
+  for a non-finite loss (no update, no sync) the reference is the unchanged policy, where two models would keep
+  the one before it.
+- `--precompute_ref` (offline, `--sync none`): the frozen reference is the initial policy, so its log-probs of
+  every training sequence are computed once before training (grouped by length) and no reference model is kept.
+- Each micro-batch is padded to its own longest sequence; generation uses the KV cache, `--generation_batch_size`
+  prompts per call. `experiments/bench.py` measures what each variant costs per step.
+
 Deviations from the paper
 - Defaults are for the built-in toy task (toy_task.py: a 0.6M-parameter Llama on 3-digit addition,
   trained on a laptop CPU in minutes), so the learning rate is much larger than the paper's.

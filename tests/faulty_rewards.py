@@ -1,0 +1,25 @@
+"""Reward functions that misbehave, for tests/test_reliability.py: passed to the scripts as
+`--reward_model tests.faulty_rewards:flaky` (or in GRPO's --reward_funcs), the way a user passes their own
+module:function."""
+
+import math
+import zlib
+
+import toy_task
+
+
+def kind(prompt, completion):
+    """Which fault (if any) a sample gets: fixed by its text, so that a retry gives the same answer."""
+    return zlib.crc32(f"{prompt}|{completion}".encode()) % 20
+
+
+def flaky(prompts, completions, **columns):
+    """The toy reward, except for about one sample in five (fixed by the sample's text): an exception (the
+    whole call raises), NaN, None or inf."""
+    out = []
+    for p, c in zip(prompts, completions):
+        k = kind(p, c)
+        if k == 0:
+            raise ValueError(f"cannot score {c!r}")
+        out.append({1: math.nan, 2: None, 3: math.inf}.get(k, toy_task.reward([p], [c])[0]))
+    return out

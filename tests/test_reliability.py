@@ -1,0 +1,598 @@
+"""Reliability of the three training scripts: bad input stops a run before training with the row and column
+named; bad rewards are dropped and counted or stop the run; a non-finite step is skipped and too many stop
+the run; SIGTERM writes a checkpoint and exits cleanly; SIGKILL at any moment leaves every complete
+checkpoint loadable; --resume continues exactly (offline, humanline, online; one and two processes); a hung or
+dead process stops a two-process run; only rank 0 writes shared files; nothing is unpickled.
+
+Faults are real: bad files on disk, a reward function that raises or returns NaN/None/inf, a learning rate
+that overflows the weights, real signals sent to real processes (SIGTERM, SIGKILL, SIGSTOP)."""
+
+import ast
+import contextlib
+import importlib
+import io
+import json
+import math
+import os
+import pickle
+import random
+import re
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from unittest import mock
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+torch.set_num_threads(1)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
+MODULES = {s: importlib.import_module(s[:-3]) for s in SCRIPTS}
+ENV = {k: v for k, v in os.environ.items()
+       if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+TINY = ["--batch_size", "8", "--eval_every", "0", "--num_eval_prompts", "8"]
+ONLINE = {"dpo_humanline.py": ["--online", "--round_size", "32", "--num_samples", "4"],
+          "kto_humanline.py": ["--online", "--round_size", "32", "--num_samples", "4"],
+          "grpo_humanline.py": ["--online", "--num_generations", "4"]}
+
+
+def command(script, extra, out, nproc=1):
+    launcher = [sys.executable] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    return [*launcher, script, *TINY, "--micro_batch_size", str(4 // nproc), *extra, "--output_dir", str(out)]
+
+
+def run(script, extra, out, nproc=1):
+    return subprocess.run(command(script, extra, out, nproc), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def run_here(script, extra, out):
+    """The real script, run in this process (runpy), so that it costs no start-up: for runs that take no
+    signal. Returns what it printed."""
+    handler, printed = signal.getsignal(signal.SIGTERM), io.StringIO()
+    argv = [script, *TINY, "--micro_batch_size", "4", *extra, "--output_dir", str(out)]
+    try:
+        with mock.patch.object(sys, "argv", argv), contextlib.redirect_stdout(printed):
+            runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # the script's own, installed before its loop
+    return printed.getvalue()
+
+
+class Started:
+    """A run in the background, its output in files (no pipe to fill)."""
+
+    def __init__(self, script, extra, out, nproc=1):
+        self.out, self.log = str(out), f"{out}.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(command(script, extra, out, nproc), cwd=ROOT, env=ENV, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_for(self, condition, timeout=120, poll=0.02):
+        end = time.time() + timeout
+        while not condition():
+            assert self.proc.poll() is None, f"the run ended first (rc {self.proc.returncode}):\n{self.output[-3000:]}"
+            assert time.time() < end, f"timed out waiting:\n{self.output[-3000:]}"
+            time.sleep(poll)
+
+    def wait(self, timeout=300):
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+    @property
+    def output(self):
+        with open(self.log) as f:
+            return f.read()
+
+
+def records(out):
+    path = os.path.join(out, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]  # a line being written is not read
+
+
+def steps(out):
+    """The last record of each training step (after a resume, a step's record supersedes an earlier attempt's)."""
+    return {r["step"]: r for r in records(out) if "loss" in r}
+
+
+def rounds(out):
+    return {r["step"]: r for r in records(out) if "online/sample_reward" in r}
+
+
+def checkpoints(out):
+    if not os.path.isdir(out):
+        return []
+    return sorted((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: (len(d), d))
+
+
+def assert_loadable(ckpt, world=1):
+    """A complete checkpoint: every process's training state (tensors and plain data only) and the model."""
+    for rank in range(world):
+        state = torch.load(os.path.join(ckpt, f"state-rank{rank}.pt"), weights_only=True)
+        assert state["step"] == int(ckpt.rsplit("-", 1)[1]) and state["world_size"] == world
+    AutoModelForCausalLM.from_pretrained(ckpt)
+    AutoTokenizer.from_pretrained(ckpt)
+
+
+def same_runs(a, b, from_step=1, keys=("loss", "grad_norm", "lr", "rewards/margins", "humanline/clamped_frac")):
+    """Every step from `from_step` on logs exactly the same values in both runs (online: the rounds too)."""
+    sa, sb = steps(a), steps(b)
+    assert sorted(sa) == sorted(sb) and max(sa) >= from_step
+    for s in range(from_step, max(sa) + 1):
+        for k in keys + tuple(k for k in sa[s] if k.startswith("eval/")):
+            assert sb[s][k] == sa[s][k], (s, k, sa[s][k], sb[s][k])
+    ra, rb = rounds(a), rounds(b)
+    assert sorted(ra) == sorted(rb)
+    for s in ra:
+        for k in ("online/sample_reward", "online/pairs", "online/bad_rewards"):
+            assert ra[s].get(k) == rb[s].get(k), (s, k)
+
+
+def same_models(a, b):
+    ma, mb = AutoModelForCausalLM.from_pretrained(a).state_dict(), AutoModelForCausalLM.from_pretrained(b).state_dict()
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+def write_jsonl(path, rows):
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return str(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: every row checked before training, the row and column named
+# ----------------------------------------------------------------------------------------------
+
+GOOD = {"prompt": "12+34=", "chosen": "4+2+0=06;3+1+0=04>046", "rejected": "4+2+0=06;3+1+0=04>047"}
+# (case, the bad row, the message): row 1 is bad, row 0 is good
+BAD_PAIRS = {
+    "missing column": ({"prompt": "1+2=", "chosen": "3"}, "row 1: missing column 'rejected'"),
+    "null value": ({**GOOD, "prompt": None}, "row 1: missing column 'prompt'"),
+    "empty prompt": ({**GOOD, "prompt": "  "}, "row 1, column 'prompt': empty text"),
+    "empty completion": ({**GOOD, "chosen": ""}, "row 1, column 'chosen': empty text"),
+    "not a string": ({**GOOD, "rejected": 7}, "row 1, column 'rejected': expected a string or a non-empty list of messages, got int"),
+    "message without role": ({**GOOD, "prompt": [{"content": "1+2="}]}, "row 1, column 'prompt': each message needs a role"),
+    "unknown role": ({**GOOD, "prompt": [{"role": "robot", "content": "1+2="}]}, "row 1, column 'prompt': each message needs a role"),
+    "content not a string": ({**GOOD, "prompt": [{"role": "user", "content": ["1+2="]}]},
+                             "row 1, column 'prompt': message content must be a string"),
+    "not a message": ({**GOOD, "prompt": ["1+2="]}, "row 1, column 'prompt': each message needs a role"),
+    "chosen equals rejected": ({**GOOD, "rejected": GOOD["chosen"]}, "row 1, columns 'chosen'/'rejected': identical completions"),
+}
+BAD_KTO = {
+    "label a string": ({"prompt": "1+2=", "completion": "3", "label": "yes"}, "row 1, column 'label': expected a boolean"),
+    "label a number": ({"prompt": "1+2=", "completion": "3", "label": 1}, "row 1, column 'label': expected a boolean"),
+    "label missing": ({"prompt": "1+2=", "completion": "3"}, "row 1: missing column 'label'"),
+    "completion missing": ({"prompt": "1+2=", "label": True}, "row 1: missing column 'completion'"),
+}
+
+
+@pytest.fixture(scope="module")
+def tok(toy):
+    return AutoTokenizer.from_pretrained(toy.model)
+
+
+def encode_rows(script, rows, tok):
+    m = MODULES[script]
+    return (m.encode_examples if script == "kto_humanline.py" else m.encode_pairs)(rows, tok, m.Args())
+
+
+@pytest.mark.parametrize("case", list(BAD_PAIRS))
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_bad_preference_row_is_named(script, case, tok):
+    row, message = BAD_PAIRS[case]
+    with pytest.raises(ValueError) as e:
+        encode_rows(script, [GOOD, row], tok)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("case", list(BAD_KTO))
+def test_a_bad_kto_row_is_named(case, tok):
+    row, message = BAD_KTO[case]
+    with pytest.raises(ValueError) as e:
+        encode_rows("kto_humanline.py", [{"prompt": "1+2=", "completion": "3", "label": True}, row], tok)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bad_prompts_for_sampling_or_evaluation_are_named(script, tok):
+    check = MODULES[script].check_prompts
+    args = MODULES[script].Args()
+    for prompt, message in [(None, "missing"), ("", "empty text"), ([{"role": "user"}], "content must be a string")]:
+        with pytest.raises(ValueError) as e:
+            check(["1+2=", prompt], tok, args, "prompts.jsonl")
+        assert str(e.value).startswith("prompts.jsonl: row 1, column 'prompt': ") and message in str(e.value)
+    args.max_prompt_length = 5
+    assert check(["1+2=", "123+456="], tok, args, "x") == {"truncated_prompts": 1}  # counted, then cut when sampled
+
+
+BAD_FILES = {  # (script, rows, extra flags, what the user is told)
+    "dpo: malformed message": ("dpo_humanline.py", [GOOD, GOOD, {**GOOD, "chosen": [{"role": "robot", "content": "x"}]}],
+                               [], "row 2, column 'chosen': each message needs a role"),
+    "kto: label not a boolean": ("kto_humanline.py", [{"prompt": "1+2=", "completion": "3", "label": True}] * 2
+                                 + [{"prompt": "1+2=", "completion": "3", "label": "yes"}], [], "row 2, column 'label'"),
+    "grpo online: empty prompt": ("grpo_humanline.py", [{"prompt": "1+2="}] * 2 + [{"prompt": ""}], ["--online"],
+                                  "row 2, column 'prompt': empty text"),
+    "dpo: bad evaluation prompt": ("dpo_humanline.py", [{"prompt": "1+2="}, {"prompt": "2+2="}, {"problem": "3+3="}],
+                                   ["--dataset", "toy", "--eval_prompts", "{file}"], "row 2, column 'prompt': missing"),
+    "dpo: fewer pairs than a batch": ("dpo_humanline.py", [GOOD] * 5, [], "has 5 pairs, fewer than one batch (8)"),
+    "kto online: fewer prompts than a round": ("kto_humanline.py", [{"prompt": "1+2="}] * 5, ONLINE["kto_humanline.py"],
+                                               "has 5 prompts, fewer than one round (--round_size 32)"),
+    "grpo: malformed JSON": ("grpo_humanline.py", None, [], "Missing a comma or '}' after an object member. in row 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_a_bad_file_stops_the_run_before_any_model_loads(case, tmp_path, toy, monkeypatch):
+    """The real script, run in this process (runpy) so that it costs no start-up: the run stops with the
+    message before a model is loaded and before anything is written."""
+    script, rows, extra, message = BAD_FILES[case]
+    path = str(tmp_path / "data.jsonl")
+    if rows is None:
+        with open(path, "w") as f:
+            f.write(json.dumps(GOOD) + '\n{"prompt": "1+2=" "chosen": "3"}\n')
+    else:
+        write_jsonl(path, rows)
+    extra = [a.replace("{file}", path) for a in extra]
+    if "--dataset" not in extra:
+        extra = ["--dataset", path, *extra]
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_model)
+    with pytest.raises((SystemExit, ValueError)) as e:
+        run_here(script, [*extra, "--max_steps", "2"], tmp_path / "out")
+    assert message in str(e.value)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_local_file_must_be_plain_data(tmp_path):
+    """Nothing is unpickled from data files: a pickled DataFrame ('pandas') or any other format is refused."""
+    for name in ("data.pandas", "data.pkl"):
+        path = tmp_path / name
+        path.write_bytes(b"not read")
+        for m in MODULES.values():
+            with pytest.raises(SystemExit, match="must be a .json, .jsonl, .parquet or .csv file"):
+                m.load_rows(str(path), "train", None, "preferences")
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad rewards: NaN, None, inf or an exception from the scorer
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_score_samples_finds_each_bad_reward(script):
+    m = MODULES[script]
+
+    def scorer(prompts, completions, **columns):
+        if "boom" in completions:
+            raise RuntimeError("scorer crashed")
+        return [{"nan": math.nan, "none": None, "inf": -math.inf, "text": "high"}.get(c, len(c) / 10) for c in completions]
+
+    scores, bad = m.score_samples(scorer, ["p"] * 6, ["ab", "nan", "none", "boom", "inf", "text"])
+    assert scores == [0.2, None, None, None, None, None]
+    assert [j for j, _ in bad] == [1, 2, 3, 4, 5]
+    assert "raised RuntimeError: scorer crashed" in bad[2][1] and "nan" in bad[0][1]
+    scores, bad = m.score_samples(lambda p, c, **k: [1.0], ["p"] * 2, ["a", "b"])  # wrong length: each sample alone
+    assert scores == [1.0, 1.0] and not bad
+    pairs = m.best_worst_pairs(["p", "q"], ["a", "b", "c", "d"], [None, 0.5, 0.9, None], 2, 0.0)
+    assert pairs == []  # a prompt with fewer than two good samples gives no pair
+
+
+def test_bad_rewards_are_dropped_and_counted_dpo(tmp_path, toy):
+    run_here("dpo_humanline.py", [*ONLINE["dpo_humanline.py"], "--max_steps", "2", "--save_every", "0",
+                                  "--reward_model", "tests.faulty_rewards:flaky"], tmp_path)
+    r = rounds(str(tmp_path))[0]
+    assert 0 < r["online/bad_rewards"] < 128 and r["online/pairs"] >= 8
+    last = steps(str(tmp_path))[2]
+    assert math.isfinite(last["loss"]) and math.isfinite(last["eval/reward"]) and last["eval/bad_rewards"] >= 0
+
+
+def test_bad_rewards_drop_their_group_grpo(tmp_path, toy):
+    """GRPO's groups of 4: a group with a bad reward is left out whole; a faulty function beside a good one."""
+    run_here("grpo_humanline.py", [*ONLINE["grpo_humanline.py"], "--max_steps", "2", "--save_every", "0", "--sample_every", "4",
+                                   "--reward_funcs", "toy_verify,tests.faulty_rewards:flaky"], tmp_path)
+    r = rounds(str(tmp_path))[0]
+    assert r["online/bad_rewards"] > 0 and 2 <= r["online/groups"] < 8  # 8 prompts sampled, groups with a bad reward dropped
+    assert all(math.isfinite(s["loss"]) for s in steps(str(tmp_path)).values())
+
+
+def test_on_bad_reward_stop_names_the_prompt(tmp_path, toy):
+    with pytest.raises(SystemExit) as e:
+        run_here("kto_humanline.py", [*ONLINE["kto_humanline.py"], "--max_steps", "2", "--on_bad_reward", "stop",
+                                      "--reward_model", "tests.faulty_rewards:flaky"], tmp_path)
+    assert re.fullmatch(r"the reward of sample \d of prompt '\d+\+\d+=' (is (nan|inf|None)|raised ValueError: cannot score .*) "
+                        r"\(\d+ bad rewards in this batch\); --on_bad_reward drop would leave such samples out", str(e.value)), str(e.value)
+    assert not steps(str(tmp_path))  # stopped in the first round, before any update
+
+
+# ----------------------------------------------------------------------------------------------
+# Non-finite loss or gradient: the step is skipped; too many in a row stop the run
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_non_finite_gradient_skips_the_step(script, toy):
+    m = MODULES[script]
+    policy = AutoModelForCausalLM.from_pretrained(toy.model)
+    ref = AutoModelForCausalLM.from_pretrained(toy.model).requires_grad_(False)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    ids = torch.tensor([[3, 4, 13, 5, 14]])
+    policy(input_ids=ids).logits.pow(2).mean().backward()
+    m.optimizer_step(policy, ref, opt, sched, 1.0, "humanline", 1, 0)  # a good step: optimizer state exists
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    ref_before = {k: v.clone() for k, v in ref.state_dict().items()}
+    opt_before = {k: {n: t.clone() for n, t in s.items()} for k, s in opt.state.items()}
+    for skip, poison in ((False, math.nan), (False, math.inf), (True, 1.0)):
+        (policy(input_ids=ids).logits.pow(2).mean() * poison).backward()
+        norm = m.optimizer_step(policy, ref, opt, sched, 1.0, "humanline", 1, 1, skip=skip)
+        assert skip or not torch.isfinite(norm)
+        assert all(p.grad is None for p in policy.parameters())  # dropped
+        assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items())  # no update
+        assert all(torch.equal(v, ref_before[k]) for k, v in ref.state_dict().items())  # no sync
+        assert all(torch.equal(t, opt_before[k][n]) for k, s in opt.state.items() for n, t in s.items())
+        assert sched.last_epoch == 1  # no scheduler step
+
+
+def test_too_many_bad_steps_stop_the_run_with_the_last_good_checkpoint_intact(tmp_path, toy):
+    """A learning rate of 1e30: the first update sends the weights to ~1e30, every later gradient is NaN."""
+    with pytest.raises(SystemExit) as e:
+        run_here("dpo_humanline.py", ["--max_steps", "10", "--save_every", "1", "--learning_rate", "1e30"], tmp_path)
+    assert "the last 3 steps (up to step 4) had a non-finite loss or gradient" in str(e.value)
+    assert f"{tmp_path}/checkpoint-1, is from before them" in str(e.value)
+    logged = steps(str(tmp_path))
+    assert [(s, r["bad_steps"]) for s, r in logged.items()] == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    assert all(not math.isfinite(logged[s]["grad_norm"]) for s in (2, 3, 4))
+    assert [r["lr"] for r in logged.values()][1:] == [logged[2]["lr"]] * 3  # no scheduler step while skipping
+    assert checkpoints(str(tmp_path)) == ["checkpoint-1"]  # no checkpoint of a skipped step
+    assert_loadable(str(tmp_path / "checkpoint-1"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Crashes: SIGTERM checkpoints and exits cleanly, SIGKILL never breaks a checkpoint, --resume is exact
+# ----------------------------------------------------------------------------------------------
+
+# offline humanline with a reference model synced every 2 steps (it must be restored too); --max_length 40 cuts
+# most toy completions (truncation is counted and reported)
+LONG = ["--humanline", "--sync_every", "2", "--max_steps", "12", "--max_length", "40", "--max_prompt_length", "20"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(toy, tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    return str(out), run_here("dpo_humanline.py", [*LONG, "--save_every", "0"], out)
+
+
+def test_truncation_is_counted_and_reported(uninterrupted, tok):
+    m = MODULES["dpo_humanline.py"]
+    args = m.Args(max_length=40, max_prompt_length=20)
+    _, counts = m.encode_pairs(m.load_rows("toy", "train", m.toy_task.build(verbose=False), "preferences"), tok, args)
+    assert counts["truncated_completions"] > 0
+    assert f"truncated: {counts | {'eval_truncated_prompts': 0}}" in uninterrupted[1]
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    started = Started("dpo_humanline.py", [*LONG, "--save_every", "5"], out)
+    started.wait_for(lambda: len(steps(str(out))) >= 2)
+    os.kill(started.proc.pid, signal.SIGTERM)
+    assert started.wait() == 0, started.output[-3000:]
+    last = max(steps(str(out)))
+    assert 2 <= last < 12 and f"SIGTERM: stopped after step {last} with a checkpoint" in started.output
+    assert checkpoints(str(out))[-1] == f"checkpoint-{last}"
+    assert_loadable(str(out / f"checkpoint-{last}"))
+    assert not os.path.exists(out / "model.safetensors")  # not finished: no final model
+    printed = run_here("dpo_humanline.py", [*LONG, "--save_every", "5", "--resume"], out)
+    assert f"resumed from {out}/checkpoint-{last} at step {last}" in printed
+    same_runs(uninterrupted[0], str(out))
+    same_models(uninterrupted[0], str(out))
+
+
+def test_sigkill_at_any_moment_leaves_complete_checkpoints_and_resume_is_exact(uninterrupted, tmp_path):
+    out, rng = tmp_path / "run", random.Random()
+    seed = rng.randrange(10**6)
+    rng.seed(seed)
+    # 1. killed while a checkpoint is being written (its temporary directory exists)
+    started = Started("dpo_humanline.py", [*LONG, "--save_every", "1"], out)
+    started.wait_for(lambda: any(d.endswith(".tmp") for d in checkpoints(str(out))) and len(steps(str(out))) >= 2, poll=0.001)
+    time.sleep(rng.uniform(0, 0.03))
+    os.killpg(started.proc.pid, signal.SIGKILL)
+    started.wait()
+    # 2. resumed, then killed at a random moment
+    started = Started("dpo_humanline.py", [*LONG, "--save_every", "1", "--resume"], out)
+    started.wait_for(lambda: "resumed from" in started.output)
+    time.sleep(rng.uniform(0, 1.5))
+    os.killpg(started.proc.pid, signal.SIGKILL)
+    started.wait()
+    complete = [d for d in checkpoints(str(out)) if not d.endswith(".tmp")]
+    assert complete, f"seed {seed}"
+    for d in complete:
+        assert_loadable(str(out / d))
+    # 3. resumed to the end: the newest complete checkpoint, stale temporary directories removed
+    assert f"resumed from {out}/{complete[-1]}" in run_here("dpo_humanline.py", [*LONG, "--save_every", "1", "--resume"], out), seed
+    assert not any(d.endswith(".tmp") for d in checkpoints(str(out)))
+    same_runs(uninterrupted[0], str(out))
+    same_models(uninterrupted[0], str(out))
+
+
+@pytest.fixture(scope="module")
+def online_run(toy, tmp_path_factory):
+    """Online DPO with humanline syncing and --clip sampling (its generator is part of the state), a
+    checkpoint after every step."""
+    out = tmp_path_factory.mktemp("online") / "run"
+    extra = [*ONLINE["dpo_humanline.py"], "--sync", "humanline", "--clip", "sampling", "--max_steps", "5", "--save_every", "1"]
+    run_here("dpo_humanline.py", extra, out)
+    return str(out), extra
+
+
+def mid_round(out, world=1):
+    """A checkpoint taken in the middle of an online round: some of the round's pairs are still to train on."""
+    for d in checkpoints(out):
+        state = torch.load(os.path.join(out, d, "state-rank0.pt"), weights_only=True)
+        if state["round_start"] < state["step"] < state["round_start"] + len(state["round_pairs"]) // 8:
+            return d, state["step"]
+    raise AssertionError("no checkpoint in the middle of a round")
+
+
+def test_online_resume_in_the_middle_of_a_round_is_exact(online_run, tmp_path):
+    full, extra = online_run
+    out = tmp_path / "run"
+    shutil.copytree(full, out)
+    d, step = mid_round(full)
+    for later in checkpoints(full):
+        if int(later.split("-")[1]) > step:
+            shutil.rmtree(out / later)
+    assert f"resumed from {out}/{d}" in run_here("dpo_humanline.py", [*extra, "--resume"], out)
+    same_runs(full, str(out))
+    same_models(full, str(out))
+
+
+# ----------------------------------------------------------------------------------------------
+# Two processes: SIGTERM through torchrun, exact resume, only rank 0 writes, a hung or dead process
+# ----------------------------------------------------------------------------------------------
+
+TWO = [*ONLINE["dpo_humanline.py"], "--humanline", "--max_steps", "6"]
+
+
+@pytest.fixture(scope="module")
+def two_processes(toy, tmp_path_factory):
+    out = tmp_path_factory.mktemp("two") / "run"
+    proc = run("dpo_humanline.py", [*TWO, "--save_every", "2"], out, nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(out)
+
+
+def test_only_rank_0_writes(two_processes):
+    out = two_processes
+    assert [r["step"] for r in records(out) if "loss" in r] == list(range(1, 7))  # one line per step, not one per process
+    files = sorted(os.listdir(out))
+    assert files.count("args.json") == 1 and files.count("metrics.jsonl") == 1 and files.count("model.safetensors") == 1
+    assert checkpoints(out) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    for d in checkpoints(out):  # each process writes its own training state, rank 0 everything else
+        assert sorted(f for f in os.listdir(os.path.join(out, d)) if f.startswith("state")) == ["state-rank0.pt", "state-rank1.pt"]
+        assert_loadable(os.path.join(out, d), world=2)
+
+
+def test_sigterm_to_torchrun_checkpoints_every_process_and_resume_is_exact(two_processes, tmp_path):
+    out = tmp_path / "run"
+    started = Started("dpo_humanline.py", [*TWO, "--save_every", "0"], out, nproc=2)
+    started.wait_for(lambda: len(steps(str(out))) >= 1)
+    os.kill(started.proc.pid, signal.SIGTERM)  # torchrun passes it on to both processes
+    started.wait()
+    last = max(steps(str(out)))
+    assert last < 6 and f"SIGTERM: stopped after step {last} with a checkpoint" in started.output, started.output[-3000:]
+    assert checkpoints(str(out)) == [f"checkpoint-{last}"]
+    assert_loadable(str(out / f"checkpoint-{last}"), world=2)
+    proc = run("dpo_humanline.py", [*TWO, "--save_every", "0", "--resume"], out, nproc=2)
+    assert proc.returncode == 0 and f"at step {last}" in proc.stdout, proc.stderr[-3000:]
+    same_runs(two_processes, str(out))
+    same_models(two_processes, str(out))
+
+
+def children(pid):
+    out = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass  # a process that ended meanwhile
+    return out
+
+
+def rank_of(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    return int(env[b"RANK"])
+
+
+def test_a_hung_then_dead_process_stops_the_run_within_the_timeout(tmp_path, toy):
+    """Rank 1 is frozen (SIGSTOP): rank 0 fails its next collective after --dist_timeout instead of waiting
+    forever; rank 1 is then killed (SIGKILL) and torchrun ends the run. The newest checkpoint stays loadable."""
+    out = tmp_path / "run"
+    started = Started("dpo_humanline.py", ["--max_steps", "500", "--save_every", "2", "--dist_timeout", "3"], out, nproc=2)
+    started.wait_for(lambda: len(steps(str(out))) >= 3)
+    workers = {rank_of(p): p for p in children(started.proc.pid)}
+    os.kill(workers[1], signal.SIGSTOP)
+    t0 = time.time()
+    while os.path.exists(f"/proc/{workers[0]}") and time.time() - t0 < 60:
+        with open(f"/proc/{workers[0]}/stat") as f:
+            if f.read().split(")")[-1].split()[0] == "Z":
+                break
+        time.sleep(0.1)
+    waited = time.time() - t0
+    os.kill(workers[1], signal.SIGKILL)
+    rc = started.wait(60)
+    assert rc != 0 and 2 < waited < 40, (rc, waited, started.output[-3000:])
+    assert "Timed out" in started.output or "timed out" in started.output, started.output[-3000:]
+    complete = [d for d in checkpoints(str(out)) if not d.endswith(".tmp")]
+    assert_loadable(str(out / complete[-1]), world=2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Safety: no remote code unless asked, no unpickling of training state or data
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_remote_code_is_off_unless_the_flag_is_given(script):
+    assert MODULES[script].Args().trust_remote_code is False
+    tree = ast.parse(open(os.path.join(ROOT, script)).read())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "from_pretrained"]
+    assert len(calls) >= 4
+    for call in calls:
+        kw = {k.arg: ast.unparse(k.value) for k in call.keywords}
+        assert kw.get("trust_remote_code") == "args.trust_remote_code", ast.unparse(call)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_training_state_is_loaded_with_weights_only_and_nothing_is_unpickled(script):
+    tree = ast.parse(open(os.path.join(ROOT, script)).read())
+    calls = {ast.unparse(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    loads = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.load"]
+    assert loads and all(any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in n.keywords) for n in loads)
+    unsafe = {"pickle", "dill", "cloudpickle", "joblib", "marshal", "shelve"}
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not imported & unsafe
+    assert not [f for f in calls if f in ("eval", "exec", "np.load", "numpy.load") or f.endswith("read_pickle")]
+
+
+class Payload:
+    """Unpickling this object creates a file: proof that code ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_checkpoint_holding_a_pickled_object_is_refused(script, tmp_path, toy):
+    m = MODULES[script]
+    ckpt = tmp_path / "checkpoint-1"
+    ckpt.mkdir()
+    marker = tmp_path / "code-ran"
+    torch.save({"step": 1, "world_size": 1, "extra": Payload(str(marker))}, ckpt / "state-rank0.pt")
+    policy = AutoModelForCausalLM.from_pretrained(toy.model)
+    opt = torch.optim.AdamW(policy.parameters())
+    with pytest.raises(pickle.UnpicklingError):
+        m.load_checkpoint(str(ckpt), policy, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), 0, 1)
+    assert not marker.exists()
