@@ -731,6 +731,8 @@ if __name__ == "__main__":
         args.sync, args.clip = "humanline", "clamp"
     if args.sync not in ("none", "humanline", "trust_region") or args.clip not in ("none", "clamp", "sampling"):
         raise SystemExit(f"--sync must be none|humanline|trust_region and --clip none|clamp|sampling, got {args.sync}, {args.clip}")
+    if args.on_bad_reward not in ("drop", "stop") or args.max_bad_steps < 1:
+        raise SystemExit(f"--on_bad_reward must be drop|stop and --max_bad_steps at least 1, got {args.on_bad_reward}, {args.max_bad_steps}")
     # HUMANLINE: reference-free k = 1 applies when every step's reference is the policy of the step before (or the policy)
     ref_free_applies = args.sync == "humanline" and args.sync_every == 1
     if args.ref_free not in ("auto", "on", "off") or (args.ref_free == "on" and not ref_free_applies):

@@ -150,8 +150,8 @@ class Args:
     system_prompt: str = field(default="", metadata={"help": "With --as_chat, a system message first ('r1': Open-R1's <think>/<answer> prompt)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
     on_bad_reward: str = field(default="drop", metadata={
-        "help": "A sample whose reward is NaN, inf or None, or whose scorer raises: drop (the sample is left out, with its "
-                "group; counted: online/bad_rewards, eval/bad_rewards) | stop (the run stops, naming the prompt)."})
+        "help": "A sample whose reward is NaN, inf or None, or whose scorer raises: drop (the sample is left out, a sampled "
+                "group with it; counted: online/bad_rewards, eval/bad_rewards) | stop (the run stops, naming the prompt)."})
     max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts keep their last tokens (counted)."})
     max_length: int = field(default=1024, metadata={"help": "Prompt + completion; longer completions are cut (counted)."})
     precompute_ref: bool = field(default=False, metadata={
@@ -997,6 +997,8 @@ if __name__ == "__main__":
         args.sync, args.clip = "humanline", "clamp"
     if args.sync not in ("none", "humanline", "trust_region") or args.clip not in ("none", "clamp", "sampling"):
         raise SystemExit(f"--sync must be none|humanline|trust_region and --clip none|clamp|sampling, got {args.sync}, {args.clip}")
+    if args.on_bad_reward not in ("drop", "stop") or args.max_bad_steps < 1:
+        raise SystemExit(f"--on_bad_reward must be drop|stop and --max_bad_steps at least 1, got {args.on_bad_reward}, {args.max_bad_steps}")
     # HUMANLINE: reference-free k = 1 applies when every step's reference is the policy of the step before (or the policy)
     ref_free_applies = args.sync == "humanline" and args.sync_every == 1 and args.offline
     if args.ref_free not in ("auto", "on", "off") or (args.ref_free == "on" and not ref_free_applies):

@@ -81,12 +81,20 @@ class Started:
             assert time.time() < end, f"timed out waiting:\n{self.output[-3000:]}"
             time.sleep(poll)
 
+    def kill(self):
+        """SIGKILL the run: the process, its process group and torchrun's workers (each in a session of its own)."""
+        for pid in children(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
     def wait(self, timeout=300):
         try:
             return self.proc.wait(timeout)
         finally:
             if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.kill()
 
     @property
     def output(self):
@@ -411,13 +419,13 @@ def test_sigkill_at_any_moment_leaves_complete_checkpoints_and_resume_is_exact(u
     started = Started("dpo_humanline.py", [*LONG, "--save_every", "1"], out)
     started.wait_for(lambda: any(d.endswith(".tmp") for d in checkpoints(str(out))) and len(steps(str(out))) >= 2, poll=0.001)
     time.sleep(rng.uniform(0, 0.03))
-    os.killpg(started.proc.pid, signal.SIGKILL)
+    started.kill()
     started.wait()
     # 2. resumed, then killed at a random moment
     started = Started("dpo_humanline.py", [*LONG, "--save_every", "1", "--resume"], out)
     started.wait_for(lambda: "resumed from" in started.output)
     time.sleep(rng.uniform(0, 1.5))
-    os.killpg(started.proc.pid, signal.SIGKILL)
+    started.kill()
     started.wait()
     complete = [d for d in checkpoints(str(out)) if not d.endswith(".tmp")]
     assert complete, f"seed {seed}"
