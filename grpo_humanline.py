@@ -957,12 +957,12 @@ def open_metrics(path, step):
     to the step it resumes from (later ones belong to the attempt that crashed)."""
     kept = []
     if step and os.path.exists(path):
-        with open(path) as f:
-            kept = [line for line in f if json.loads(line).get("step", 0) <= step]
-    f = open(path, "w")
-    f.writelines(kept)
-    f.flush()
-    return f
+        with open(path) as f:  # a last line cut short by a kill is dropped
+            kept = [line for line in f if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(kept)
+    os.replace(path + ".tmp", path)  # a kill leaves the old records or the kept ones, never none
+    return open(path, "a")
 
 
 def peak_memory_gib(device):

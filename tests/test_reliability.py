@@ -604,3 +604,16 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused(script, tmp_path, toy)
     with pytest.raises(pickle.UnpicklingError):
         m.load_checkpoint(str(ckpt), policy, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), 0, 1)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_keeps_the_metrics_up_to_its_step_and_drops_a_line_cut_short(script, tmp_path):
+    path = str(tmp_path / "metrics.jsonl")
+    with open(path, "w") as f:
+        f.write('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n{"step": 3, "loss": 0.4}\n{"step": 4, "lo')
+    with MODULES[script].open_metrics(path, 2) as f:  # resumed from checkpoint-2
+        f.write('{"step": 3, "loss": 0.3}\n')
+    assert [(r["step"], r["loss"]) for r in records(str(tmp_path))] == [(1, 1.0), (2, 0.5), (3, 0.3)]
+    with MODULES[script].open_metrics(path, 0):  # a new run starts afresh
+        pass
+    assert records(str(tmp_path)) == [] and os.listdir(tmp_path) == ["metrics.jsonl"]
