@@ -63,6 +63,8 @@ def suites(results):
                   for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]
     ablations += [(f"dpo humanline lr {lr:g}", "dpo_humanline.py", ["--humanline", "--learning_rate", str(lr)], 3)
                   for lr in (2e-6, 5e-6, 1e-5, 4e-5)]  # 0.1x to 2x the default 2e-5 (the SPEC allows 0.1x to 4x)
+    ablations += [(f"dpo {mode} lr {lr:g}", "dpo_humanline.py", flags + ["--learning_rate", str(lr)], 3)
+                  for mode, flags in (("offline", []), ("online", ["--online"])) for lr in (5e-6, 1e-5)]  # the same sweep, fairly
     quality = [(f"dpo offline+humanline, quartile {q} of the data", "dpo_humanline.py",
                 ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"], 3) for q in (1, 2, 3, 4)]
     return {"main": main, "offpolicy": offpolicy, "ablations": ablations, "quality": quality}
