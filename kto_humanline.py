@@ -1066,4 +1066,5 @@ if __name__ == "__main__":
         tokenizer.save_pretrained(args.output_dir)
         print(f"saved to {args.output_dir}")
     if distributed:
+        dist.barrier()  # leave together: a rank tearing down gloo while another still saves can abort
         dist.destroy_process_group()
