@@ -18,16 +18,20 @@ rows excepted, which train on what they sample):
                      timed separately ("round s" column)
     sync             one sync_reference (an in-place copy of every parameter into the reference), timed alone
 
-Measured: each configuration runs in a fresh process (one thread on CPU) for --steps optimizer steps; its step
-time is the median over the steps but the first (warm-up) and the last (reference-free humanline has no next
-step to prepare there), read from the scripts' own perf/ metrics: the step's wall time and CPU time (data,
-forwards, backward, update; not logging or checkpoints). On a CPU shared with other work, wall time mostly
-measures the neighbours; a one-thread process's CPU time is close to its wall time on a quiet core, so on
-CPU the ratios are of CPU times (both times are in the table), on a GPU of wall times. --repeats runs every
-configuration again, interleaved, and keeps each one's fastest median. Peak memory is the scripts'
-perf/peak_memory_gib: the process's peak resident set size on CPU (weights, gradients, optimizer state,
-activations, plus the interpreter and its libraries: the "python + libraries" figure is that part alone), the
-most CUDA memory allocated at once on a GPU. The floor and sync rows run this file's worker on the scripts' own
+Measured: each configuration runs in a fresh process (one thread on CPU) for --steps optimizer steps, timed by the
+scripts' own perf/ metrics (the step's wall time and CPU time: data, forwards, backward, update; not logging or
+checkpoints). The steps timed are all but the first (warm-up) and the last (reference-free humanline prepares no
+next step there); a configuration's step time is the fastest of them, over --repeats runs interleaved with the
+other configurations (the median is in the jsonl): other processes on a shared machine only ever add time, so
+the fastest of identical steps is the closest to the step's own cost. On CPU the ratios are of CPU times (a
+one-thread process's CPU time is close to its wall time on a quiet core, while its wall time on a shared one
+mostly measures the neighbours; both are in the table), on a GPU of wall times. Peak memory is the scripts'
+perf/peak_memory_gib: on CPU the process's peak resident set size, from a separate 3-step run with glibc told
+to map each allocation over 64 KiB on its own and to unmap it when freed (MALLOC_MMAP_THRESHOLD_; otherwise the
+allocator's fragmentation moves the peak by 0.1 GiB from run to run, and the page faults would slow the timed
+runs), so it is the peak of live memory: weights, gradients, optimizer state, activations, plus the interpreter
+and its libraries (the "python + libraries" figure is that part alone); on a GPU the most CUDA memory
+allocated at once. The floor and sync rows run this file's worker on the scripts' own
 functions (offline_batch, forward_batches, collate, token_logps, sync_reference). tokens/s counts every
 non-padding token of the step's forwards (prompt + completion); model FLOPs per step are 8 x parameters x those
 tokens (forward + backward of the policy, 6N per token, and a forward of the reference, 2N), and MFU divides
@@ -184,29 +188,31 @@ def worker(opts):
 # ----------------------------------------------------------------------------------------------
 
 
-def env_for(device):
+def env_for(device, memory=False):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+    if memory:  # glibc maps every allocation over 64 KiB on its own and unmaps it when freed: RSS = live memory
+        env |= {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
     return env
 
 
-def run_worker(kind, algo, model_path, batch, steps, device):
+def run_worker(kind, algo, model_path, batch, steps, device, memory=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--algos", algo, "--model_path", model_path,
            "--batch", str(batch), "--steps", str(steps)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_script(algo, model_path, flags, batch, steps, device, workdir):
+def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=False):
     out = tempfile.mkdtemp(dir=workdir)
     cmd = [sys.executable, SCRIPTS[algo], "--model_name_or_path", model_path, "--max_steps", str(steps),
            "--batch_size", str(batch), "--micro_batch_size", str(batch), "--eval_prompts", "none", "--save_every", "0",
            "--output_dir", out, *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
     try:
         if proc.returncode:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -222,16 +228,15 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir):
 
 
 def measured(steps):
-    """The median step time without the first step (warm-up) and the last (reference-free humanline computes no
-    next-step reference log-probs there)."""
-    return statistics.median(steps[1:-1] if len(steps) > 2 else steps[-1:])
+    """The steps timed: not the first (warm-up) nor the last (reference-free humanline prepares no next step there)."""
+    return steps[1:-1] if len(steps) > 2 else steps[-1:]
 
 
 def bench(opts, device, workdir):
     rows = []
     for model in opts.models:
         model_path = "toy" if model == "toy" else random_llama(os.path.join(ROOT, ".cache", "bench"))
-        base = run_worker("baseline", "dpo", model_path, 1, 1, device)
+        base = run_worker("baseline", "dpo", model_path, 1, 1, device, memory=device == "cpu")
         rows.append({"device": device, "model": model, "algo": "-", "config": "python + libraries", "peak_gib": base["peak_gib"]})
         for algo in opts.algos:
             batch = BATCH[model][algo]
@@ -243,12 +248,18 @@ def bench(opts, device, workdir):
                     r = (run_worker("floor", algo, model_path, batch, opts.steps, device) if flags is None
                          else run_script(algo, model_path, flags, batch, opts.steps, device, workdir))
                     results.setdefault(name, []).append(r)
+            memory = {}  # on CPU a separate pass, glibc returning freed memory at once (its timings would suffer)
+            for name, flags in configs if device == "cpu" else []:
+                print(f"[{device} {model} {algo}] {name} (memory)", file=sys.stderr, flush=True)
+                memory[name] = (run_worker("floor", algo, model_path, batch, 3, device, memory=True) if flags is None
+                                else run_script(algo, model_path, flags, batch, 3, device, workdir, memory=True))
             floor = results["floor"][0]
             tokens, params = statistics.median(floor["tokens"][1:] or floor["tokens"]), floor["params"]
-            wall = {name: min(measured(r["steps"]) for r in rs) for name, rs in results.items()}
-            cpu = {name: min(measured(r["cpu"]) for r in rs) for name, rs in results.items()}
+            wall = {name: min(x for r in rs for x in measured(r["steps"])) for name, rs in results.items()}
+            cpu = {name: min(x for r in rs for x in measured(r["cpu"])) for name, rs in results.items()}
+            median_cpu = {name: statistics.median(x for r in rs for x in measured(r["cpu"])) for name, rs in results.items()}
             step = cpu if device == "cpu" else wall  # the basis of the ratios (see the docstring)
-            peak = {name: statistics.median(r["peak_gib"] for r in rs) for name, rs in results.items()}
+            peak = {name: (memory[name] if memory else max(rs, key=lambda r: r["peak_gib"]))["peak_gib"] for name, rs in results.items()}
             sync_wall = min(r["sync_s"] for r in results["floor"])
             sync_cpu = min(r["sync_cpu"] for r in results["floor"])
             sync_s = sync_cpu if device == "cpu" else sync_wall
@@ -264,6 +275,7 @@ def bench(opts, device, workdir):
                     row |= {"flags": cmd_flags[name], "step_s": wall[name], "step_cpu_s": cpu[name],
                             "vs_offline": step[name] / step["offline"], "vs_floor": step[name] / step["floor"],
                             "peak_gib": peak[name], "peak_vs_offline": peak[name] / peak["offline"],
+                            "median_cpu_s": median_cpu[name], "peak_gib_timing_runs": [r["peak_gib"] for r in results[name]],
                             "all_steps": [r["steps"] for r in results[name]], "all_cpu": [r["cpu"] for r in results[name]]}
                     if name == "online":
                         r = results["online"][0]
@@ -340,7 +352,7 @@ def main():
     p.add_argument("--models", default="toy,30m", help="Comma-separated: toy, 30m.")
     p.add_argument("--algos", default="dpo,kto,grpo")
     p.add_argument("--steps", type=int, default=5, help="Optimizer steps per configuration (the first and last are not timed).")
-    p.add_argument("--repeats", type=int, default=1, help="Runs per configuration, interleaved; the fastest median counts.")
+    p.add_argument("--repeats", type=int, default=1, help="Timed runs per configuration, interleaved; the fastest step counts.")
     p.add_argument("--device", default="auto", help="auto (CPU, and CUDA too when there is a GPU) | cpu | cuda")
     p.add_argument("--peak_tflops", type=float, default=None, help="Peak dense TFLOP/s of the device for MFU (GPU default: from its name).")
     p.add_argument("--quick", action="store_true", help="Toy model, 3 steps: a smoke test.")
