@@ -1,8 +1,8 @@
 """What humanline costs per training step: side by side with offline training and with the floor, on the same tokens.
 
-    python experiments/bench.py                       # toy model and a random 30M Llama; DPO, KTO, GRPO (~10 min, 2 cores)
+    python experiments/bench.py                       # toy model and a random 30M Llama; DPO, KTO, GRPO (~20 min, 2 cores)
     python experiments/bench.py --models 30m --algos dpo --repeats 2
-    python experiments/bench.py --quick               # toy model, 3 steps: a smoke test (~3 min)
+    python experiments/bench.py --quick               # toy model, 3 steps: a smoke test (~5 min)
 
 For each model and algorithm, every configuration trains on the same offline batches, step for step (the online
 rows excepted, which train on what they sample):
