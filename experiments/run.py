@@ -9,7 +9,7 @@ Each run is one training script in a subprocess with one CPU thread (`--jobs` at
 finished when its `metrics.jsonl` has a record for the final step; finished runs are skipped, so an
 interrupted invocation continues where it stopped. Per run only `metrics.jsonl` and `args.json` are
 kept (models and checkpoints are deleted). Results: `experiments/results/<suite>.md` (tables),
-`<suite>.jsonl` (one line per configuration), and PNG curves when matplotlib is installed.
+`<suite>.jsonl` (one line per configuration), and PNG plots when matplotlib is installed (`pip install -r experiments/requirements.txt`).
 
 Every variant of a comparison sees the same number of training examples (steps x batch size), and
 hyperparameters differ between variants only where a row says so.
@@ -150,9 +150,26 @@ def holm(pvalues):
     return adjusted
 
 
+# training diagnostics: metric key in metrics.jsonl -> column name (GRPO logs `logps` and `ratio/abs_log`, DPO/KTO the others)
+DIAGNOSTICS = {"humanline/clamped_frac": "clamped frac", "rewards/margins": "margin", "ratio/abs_log": "mean |log-ratio|",
+               "logps/chosen": "logp chosen", "logps/rejected": "logp rejected", "logps": "logp completions"}
+
+
+def clamps(flags):
+    return "--humanline" in flags or any(flags[i:i + 2] in (["--clip", "clamp"], ["--clip", "sampling"]) for i in range(len(flags)))
+
+
+def regime(flags, clamped_frac):
+    """Which regime a run is in: does the humanline clamp act on its tokens (the paper's regime) or not?"""
+    if not clamps(flags):
+        return "no clamp"
+    return "clamp active" if clamped_frac >= 0.01 else "clamp rare" if clamped_frac >= 0.001 else "clamp idle"
+
+
 def summarize(results, suite, configs):
     """Per configuration: final held-out reward and accuracy (mean, standard error over seeds), wall
-    time, and the humanline diagnostics averaged over training."""
+    time, the humanline diagnostics (clamped fraction and margin or |log-ratio| averaged over training,
+    log-probs at the last step) and their per-step curves."""
     rows = []
     for name, script, flags, seeds in configs:
         per_seed = []
@@ -166,9 +183,12 @@ def summarize(results, suite, configs):
             per_seed.append(dict(
                 reward=evals[-1]["eval/reward"], accuracy=evals[-1].get("eval/accuracy", math.nan),
                 curve=[(r["step"], r["eval/reward"], r.get("eval/accuracy")) for r in evals],
+                train={k: [(r["step"], r[k]) for r in steps if k in r] for k in DIAGNOSTICS},
                 clamped=np.mean([r.get("humanline/clamped_frac", 0) for r in steps]),
                 margin=np.mean([r.get("rewards/margins", math.nan) for r in steps]),
-                logp_chosen=steps[-1].get("logps/chosen", math.nan), logp_rejected=steps[-1].get("logps/rejected", math.nan),
+                abs_log_ratio=np.mean([r.get("ratio/abs_log", math.nan) for r in steps]),
+                logp_chosen=steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan)),
+                logp_rejected=steps[-1].get("logps/rejected", math.nan),
                 wall=float(open(os.path.join(out, "wall_seconds")).read()),
             ))
         if not per_seed:
@@ -178,27 +198,42 @@ def summarize(results, suite, configs):
             v = np.array([s[key] for s in per_seed], dtype=float)
             return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
 
+        clamped = ms("clamped")
         rows.append(dict(config=name, script=script, flags=flags, seeds=len(per_seed),
                          rewards=[s["reward"] for s in per_seed], accuracies=[s["accuracy"] for s in per_seed],
-                         reward=ms("reward"), accuracy=ms("accuracy"), wall=ms("wall"), clamped_frac=ms("clamped"),
-                         margin=ms("margin"), logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"),
-                         curves=[s["curve"] for s in per_seed]))
+                         walls=[s["wall"] for s in per_seed], reward=ms("reward"), accuracy=ms("accuracy"), wall=ms("wall"), clamped_frac=clamped,
+                         regime=regime(flags, clamped[0]), margin=ms("margin"), abs_log_ratio=ms("abs_log_ratio"),
+                         logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"),
+                         curves=[s["curve"] for s in per_seed], train=[s["train"] for s in per_seed]))
     return rows
 
 
-def significance(rows):
-    """Welch t-tests of offline+humanline against offline and against online, per algorithm,
-    Holm-Bonferroni corrected over all of them."""
+def comparisons(suite):
+    """The pairs of configurations tested against each other in a suite: (a, b) asks whether a differs from b."""
+    if suite == "main":
+        return [(f"{algo} offline+humanline", f"{algo} {other}") for algo in ("dpo", "kto", "grpo")
+                for other in ("offline", "online")]
+    if suite == "offpolicy":
+        return [("grpo off-policy+humanline k=16", "grpo online (sample every step)"),
+                ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)")]
+    if suite == "ablations":
+        both = "dpo sync+clamp (humanline)"
+        return [("dpo sync only", both), ("dpo clamp only", both), (both, "dpo offline"),
+                ("dpo sync+sampling", both), ("dpo trust-region sync+clamp", both)]
+    if suite == "quality":
+        return [("dpo offline+humanline, quartile 4 of the data", "dpo offline+humanline, quartile 1 of the data")]
+    return []
+
+
+def significance(rows, pairs):
+    """Welch t-tests of the final reward for each pair (a, b), Holm-Bonferroni corrected over the pairs."""
     by = {r["config"]: r for r in rows}
     tests = []
-    for algo in ("dpo", "kto", "grpo"):
-        hl = by.get(f"{algo} offline+humanline")
-        for other in ("offline", "online"):
-            o = by.get(f"{algo} {other}")
-            if hl and o and hl["seeds"] > 1 and o["seeds"] > 1:
-                p = stats.ttest_ind(hl["rewards"], o["rewards"], equal_var=False).pvalue
-                tests.append(dict(comparison=f"{algo}: offline+humanline vs {other}", p=float(p),
-                                  diff=float(np.mean(hl["rewards"]) - np.mean(o["rewards"]))))
+    for a, b in pairs:
+        if a in by and b in by and by[a]["seeds"] > 1 and by[b]["seeds"] > 1:
+            p = stats.ttest_ind(by[a]["rewards"], by[b]["rewards"], equal_var=False).pvalue
+            tests.append(dict(comparison=f"{a} vs {b}", p=float(p),
+                              diff=float(np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"]))))
     for t, adj in zip(tests, holm([t["p"] for t in tests]) if tests else []):
         t["p_holm"] = float(adj)
     return tests
@@ -206,63 +241,144 @@ def significance(rows):
 
 def fmt(pair, digits=3):
     mean, se = pair
+    if math.isnan(mean):
+        return "–"
     return f"{mean:.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
 
 
-def report(results, suite, configs, extra=""):
+def starting_reward():
+    """The starting policy's held-out greedy reward, measured when the toy task was built."""
+    sys.path.insert(0, ROOT)
+    import toy_task
+
+    with open(toy_task.build().stats) as f:
+        return json.load(f)["policy/test_reward"]
+
+
+def report(results, suite, configs, extra="", start=None):
     rows = summarize(results, suite, configs)
     os.makedirs(results, exist_ok=True)
     with open(os.path.join(results, f"{suite}.jsonl"), "w") as f:
         for r in rows:
-            f.write(json.dumps({k: v for k, v in r.items() if k != "curves"}) + "\n")
+            f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train")}) + "\n")
     lines = [f"# {suite}", "", extra,
              "Final held-out greedy reward and exact accuracy on 256 toy test problems (mean ± standard error over "
-             "seeds), wall time per run (1 CPU thread, two runs at a time), and humanline diagnostics averaged "
-             "over training: the fraction of tokens whose log-ratio lies outside [-1.5, 1.5] and the DPO/KTO "
-             "margin; log-probs per token of chosen and rejected at the last step.", "",
-             "| configuration | seeds | reward | accuracy | wall s | clamped frac | margin | logp chosen | logp rejected |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "seeds) and wall time per run (1 CPU thread, two runs at a time). Humanline diagnostics: the fraction of "
+             "tokens whose log-ratio to the reference lies outside [-1.5, 1.5] (clamped by the runs that clamp; for "
+             "the others, what a clamp would have cut), averaged over training; the regime that puts a run in "
+             "(clamp active: >= 1% of tokens, rare: 0.1-1%, idle: < 0.1%); the DPO/KTO reward margin (GRPO: the "
+             "mean |token log-ratio| to the reference) averaged over training; mean token log-probs of chosen and "
+             "rejected (GRPO: of the trained completions) at the last step.", "",
+             "| configuration | seeds | reward | accuracy | wall s | clamped frac | regime | margin | mean abs log-ratio "
+             "| logp chosen | logp rejected |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {fmt(r['accuracy'])} | {fmt(r['wall'], 0)} "
-                     f"| {fmt(r['clamped_frac'], 4)} | {fmt(r['margin'])} | {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |")
-    if suite == "main":
-        tests = significance(rows)
-        if tests:
-            lines += ["", "| comparison | reward difference | p (Welch) | p (Holm-Bonferroni) |", "|---|---|---|---|"]
-            lines += [f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in tests]
-        by = {r["config"]: r for r in rows}
-        for algo in ("dpo", "kto", "grpo"):
-            on, hl = by.get(f"{algo} online"), by.get(f"{algo} offline+humanline")
-            if on and hl:
-                lines.append(f"\n{algo}: online / offline+humanline wall-time ratio {on['wall'][0] / hl['wall'][0]:.2f}")
+                     f"| {fmt(r['clamped_frac'], 4)} | {r['regime']} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} "
+                     f"| {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |")
+    tests = significance(rows, comparisons(suite))
+    if tests:
+        lines += ["", "Welch t-tests of the final reward, Holm-Bonferroni corrected over the comparisons of this table:", "",
+                  "| comparison | reward difference | p (Welch) | p (Holm-Bonferroni) |", "|---|---|---|---|"]
+        lines += [f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in tests]
+    by = {r["config"]: r for r in rows}
+    ratios = [(algo, by[f"{algo} online"], by[f"{algo} offline+humanline"]) for algo in ("dpo", "kto", "grpo")
+              if f"{algo} online" in by and f"{algo} offline+humanline" in by]
+    if suite == "offpolicy" and all(c in by for c in ("grpo online (sample every step)", "grpo off-policy+humanline k=16")):
+        ratios.append(("grpo", by["grpo online (sample every step)"], by["grpo off-policy+humanline k=16"]))
+    if ratios:
+        lines.append("")
+    for algo, slow, fast in ratios:
+        ratio = np.median(slow["walls"]) / np.median(fast["walls"])  # medians: a seed run on a busier machine moves a mean
+        lines.append(f"{algo}: {slow['config']} / {fast['config']} wall-time ratio {ratio:.2f} (medians over seeds)  ")
     with open(os.path.join(results, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    plot(results, suite, rows)
+    plot(results, suite, rows, start)
     print("\n".join(lines))
 
 
-def plot(results, suite, rows):
+def mean_curve(series):
+    """Mean and standard error over seeds of per-step (step, value) series; seeds of unequal length are left out."""
+    steps = [s for s, _ in series[0]]
+    values = np.array([[v for _, v in c] for c in series if [s for s, _ in c] == steps], dtype=float)
+    se = values.std(0, ddof=1) / math.sqrt(len(values)) if len(values) > 1 else np.zeros(len(steps))
+    return np.array(steps), values.mean(0), se
+
+
+def smooth(values, width=9):
+    """A centred running mean (the per-step training metrics are noisy)."""
+    if len(values) < width:
+        return values
+    padded = np.pad(values, width // 2, mode="edge")
+    return np.convolve(padded, np.ones(width) / width, mode="valid")
+
+
+def plot(results, suite, rows, start=None):
+    """`<suite>.png`: held-out reward against steps (one panel per algorithm in `main`), or final reward per
+    configuration as bars (ablations, quality); `<suite>_diagnostics.png`: the humanline diagnostics over training."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("(matplotlib is not installed: no plots; `pip install matplotlib` for them)")
+        print("(matplotlib is not installed: no plots; `pip install -r experiments/requirements.txt` for them)")
         return
-    fig, ax = plt.subplots(figsize=(8, 5))
+    if not rows:
+        return
+    groups = {}
     for r in rows:
-        steps = [s for s, _, _ in r["curves"][0]]
-        values = np.array([[v for _, v, _ in c] for c in r["curves"] if len(c) == len(steps)])
-        mean, se = values.mean(0), values.std(0, ddof=1) / math.sqrt(len(values)) if len(values) > 1 else 0 * values.mean(0)
-        ax.plot(steps, mean, label=r["config"])
-        ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("held-out reward (greedy)")
-    ax.set_title(f"toy task: {suite}")
-    ax.legend(fontsize=7)
+        groups.setdefault(r["config"].split()[0] if suite == "main" else suite, []).append(r)
+    if suite in ("main", "offpolicy"):
+        fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
+        for ax, (group, members) in zip(axes[0], groups.items()):
+            for r in members:
+                steps, mean, se = mean_curve([[(s, v) for s, v, _ in c] for c in r["curves"]])
+                ax.plot(steps, mean, marker="o", ms=3, label=f"{r['config']} (n={r['seeds']})")
+                ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
+            if start is not None:
+                ax.axhline(start, color="gray", ls="--", lw=1, label="starting policy")
+            ax.set_xlabel("optimizer step")
+            ax.set_ylabel("held-out reward (greedy)")
+            ax.set_title(group if suite == "main" else "off-policy GRPO")
+            ax.legend(fontsize=7)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 0.38 * len(rows) + 1.2))
+        ax.barh(range(len(rows)), [r["reward"][0] for r in rows],
+                xerr=[0 if math.isnan(r["reward"][1]) else r["reward"][1] for r in rows], color="tab:blue", alpha=0.7)
+        ax.set_yticks(range(len(rows)), [f"{r['config']} (n={r['seeds']})" for r in rows], fontsize=7)
+        ax.invert_yaxis()
+        lo = min(r["reward"][0] for r in rows)
+        if start is not None:
+            ax.axvline(start, color="gray", ls="--", lw=1, label="starting policy")
+            ax.legend(fontsize=7)
+            lo = min(lo, start)
+        ax.set_xlim(max(0.0, lo - 0.1), 1.0)
+        ax.set_xlabel("final held-out reward (greedy), mean ± s.e.")
+        ax.set_title(f"toy task: {suite}")
     fig.tight_layout()
-    fig.savefig(os.path.join(results, f"{suite}.png"), dpi=120)
+    fig.savefig(os.path.join(results, f"{suite}.png"), dpi=110)
+    plt.close(fig)
+
+    present = {g: [k for k in DIAGNOSTICS if any(t[k] for r in members for t in r["train"])] for g, members in groups.items()}
+    width = max(len(keys) for keys in present.values())
+    fig, axes = plt.subplots(len(groups), width, figsize=(3.6 * width, 3.0 * len(groups)), squeeze=False)
+    for row_axes, (group, members) in zip(axes, groups.items()):
+        for ax in row_axes[len(present[group]):]:
+            ax.axis("off")
+        for ax, key in zip(row_axes, present[group]):
+            ax.set_prop_cycle(color=plt.cm.tab20.colors)
+            for r in members:
+                series = [t[key] for t in r["train"] if t[key]]
+                if series:
+                    steps, mean, _ = mean_curve(series)
+                    ax.plot(steps, smooth(mean), label=r["config"], lw=1.2)
+            ax.set_title(f"{group}: {DIAGNOSTICS[key]}" if suite == "main" else DIAGNOSTICS[key], fontsize=9)
+            ax.set_xlabel("optimizer step", fontsize=8)
+        row_axes[0].legend(fontsize=6)
+    fig.suptitle("humanline diagnostics over training (mean over seeds, running mean of 9 steps)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(results, f"{suite}_diagnostics.png"), dpi=100)
     plt.close(fig)
 
 
@@ -299,12 +415,13 @@ def main():
                 print(f"  {i + 1}/{len(jobs)} done", flush=True)
     if args.quick:
         print(f"quick: {len(jobs)} configurations ran")
+    start = starting_reward()
     for suite in chosen:
         extra = ""
         if suite == "quality" and ranges:
             extra = "Data-quality proxy ranges (mean token log-prob under the starting policy), quartiles 1-4: " + ", ".join(
                 f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in ranges) + "\n"
-        report(results, suite, all_suites[suite], extra)
+        report(results, suite, all_suites[suite], extra, start)
 
 
 if __name__ == "__main__":

@@ -44,18 +44,29 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     assert off["seeds"] == 5
     assert off["reward"][0] == pytest.approx(0.5)
     assert off["reward"][1] == pytest.approx(stats.sem(finals["dpo offline"]))
-    tests = {t["comparison"]: t for t in run.significance(list(rows.values()))}
+    tests = {t["comparison"]: t for t in run.significance(list(rows.values()), run.comparisons("main"))}
+    assert len(tests) == 2  # KTO and GRPO have no runs here
     p_off = stats.ttest_ind(finals["dpo offline+humanline"], finals["dpo offline"], equal_var=False).pvalue
     p_on = stats.ttest_ind(finals["dpo offline+humanline"], finals["dpo online"], equal_var=False).pvalue
-    assert tests["dpo: offline+humanline vs offline"]["p"] == pytest.approx(p_off)
-    assert tests["dpo: offline+humanline vs online"]["p"] == pytest.approx(p_on)
+    assert tests["dpo offline+humanline vs dpo offline"]["p"] == pytest.approx(p_off)
+    assert tests["dpo offline+humanline vs dpo online"]["p"] == pytest.approx(p_on)
     low, high = sorted([p_off, p_on])  # Holm with two tests: the smaller p doubled, the larger kept (monotone)
     holm_low, holm_high = min(1.0, 2 * low), max(min(1.0, 2 * low), high)
     assert sorted(t["p_holm"] for t in tests.values()) == pytest.approx([holm_low, holm_high])
     run.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
     assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 |" in table
-    assert "online / offline+humanline wall-time ratio 5.00" in table
+    assert "dpo online / dpo offline+humanline wall-time ratio 5.00 (medians over seeds)" in table
+    assert "| dpo offline | 5 | 0.500 ± 0.007 | 0.250 ± 0.004 | 20 ± 0 | 0.0000 ± 0.0000 | no clamp |" in table
+    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.305 ± 0.005 | 20 ± 0 | 0.0000 ± 0.0000 | clamp idle |" in table
+
+
+def test_regime():
+    assert run.regime(["--offline"], 0.05) == "no clamp"  # no clamp in the loss, whatever a clamp would cut
+    assert run.regime(["--humanline"], 0.0) == "clamp idle"
+    assert run.regime(["--clip", "clamp"], 0.005) == "clamp rare"
+    assert run.regime(["--sync", "humanline", "--clip", "sampling"], 0.02) == "clamp active"
+    assert run.regime(["--sync", "humanline"], 0.02) == "no clamp"
 
 
 def test_an_unfinished_run_is_redone(tmp_path):
