@@ -60,11 +60,21 @@ def suites(results):
                   for k in (2, 4, 8, 16)]
     ablations += [(f"dpo humanline clip [{lo}, {hi}]", "dpo_humanline.py",
                    ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)], 3)
-                  for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]
+                  for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]  # SPEC Table 6
+    # regime probes: with k = 1 a token's log-ratio is one step's change (~0.002), far inside every Table 6 range, so
+    # those rows cannot differ; ranges this tight make the clamp act on 1-10% of tokens
+    ablations += [(f"dpo humanline clip [{-eps:g}, {eps:g}] (regime probe)", "dpo_humanline.py",
+                   ["--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)], 3) for eps in (0.01, 0.003)]
     ablations += [(f"dpo humanline lr {lr:g}", "dpo_humanline.py", ["--humanline", "--learning_rate", str(lr)], 3)
                   for lr in (2e-6, 5e-6, 1e-5, 4e-5)]  # 0.1x to 2x the default 2e-5 (the SPEC allows 0.1x to 4x)
     ablations += [(f"dpo {mode} lr {lr:g}", "dpo_humanline.py", flags + ["--learning_rate", str(lr)], 3)
                   for mode, flags in (("offline", []), ("online", ["--online"])) for lr in (5e-6, 1e-5)]  # the same sweep, fairly
+    # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts keeps
+    # ~3150 pairs, so 80 steps of 32: compare with the other rows' step-80 evaluation), without and with humanline.
+    # Does the gap to online come from the offline data being another model's, or from its being stale?
+    ablations += [(f"dpo {name}on-policy data sampled once, 80 steps (data probe)", "dpo_humanline.py",
+                   ["--online", "--round_size", "4096", "--max_steps", "80"] + flags, 3)
+                  for name, flags in (("", []), ("humanline, ", ["--humanline"]))]
     quality = [(f"dpo offline+humanline, quartile {q} of the data", "dpo_humanline.py",
                 ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"], 3) for q in (1, 2, 3, 4)]
     return {"main": main, "offpolicy": offpolicy, "ablations": ablations, "quality": quality}
@@ -282,6 +292,15 @@ def report(results, suite, configs, extra="", start=None):
                   "| comparison | reward difference | p (Welch) | p (Holm-Bonferroni) |", "|---|---|---|---|"]
         lines += [f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in tests]
     by = {r["config"]: r for r in rows}
+    if suite == "ablations":  # the data probe trains for 80 steps: every row (and the main DPO rows) at step 80
+        main_rows = [r for r in summarize(results, "main", suites(results)["main"]) if r["config"].startswith("dpo")]
+        lines += ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", "",
+                  "| configuration | seeds | reward at step 80 |", "|---|---|---|"]
+        for r in main_rows + rows:
+            at = [v for c in r["curves"] for s, v, _ in c if s == 80]
+            if at:
+                se = float(np.std(at, ddof=1) / math.sqrt(len(at))) if len(at) > 1 else math.nan
+                lines.append(f"| {r['config']}{' (main)' if r in main_rows else ''} | {len(at)} | {fmt((float(np.mean(at)), se))} |")
     ratios = [(algo, by[f"{algo} online"], by[f"{algo} offline+humanline"]) for algo in ("dpo", "kto", "grpo")
               if f"{algo} online" in by and f"{algo} offline+humanline" in by]
     if suite == "offpolicy" and all(c in by for c in ("grpo online (sample every step)", "grpo off-policy+humanline k=16")):
