@@ -1,7 +1,7 @@
 """Reproduce the paper's comparisons on the built-in toy task: seeds, standard errors, p-values.
 
     python experiments/run.py                      # every suite (hours on 2 CPU cores; resumable)
-    python experiments/run.py --suite main         # one suite: main | offpolicy | ablations | quality
+    python experiments/run.py --suite main         # one suite: main | offpolicy | ablations | quality | timing
     python experiments/run.py --report             # only rebuild the tables and plots from finished runs
     python experiments/run.py --quick              # every configuration for 2 steps (a smoke test)
 
@@ -77,7 +77,9 @@ def suites(results):
                   for name, flags in (("", []), ("humanline, ", ["--humanline"]))]
     quality = [(f"dpo offline+humanline, quartile {q} of the data", "dpo_humanline.py",
                 ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"], 3) for q in (1, 2, 3, 4)]
-    return {"main": main, "offpolicy": offpolicy, "ablations": ablations, "quality": quality}
+    # wall and CPU time of every main and off-policy variant, one run at a time on an otherwise idle machine
+    timing = [(name, script, flags, 1) for name, script, flags, _ in main + offpolicy]
+    return {"main": main, "offpolicy": offpolicy, "ablations": ablations, "quality": quality, "timing": timing}
 
 
 def quartile_file(results, q):
@@ -132,7 +134,9 @@ def launch(script, flags, seed, out, quick):
     os.makedirs(out)
     t0 = time.time()
     with open(os.path.join(out, "log.txt"), "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)  # the run's own CPU time (user + system), robust to a busy machine
+        rc = proc.returncode = os.waitstatus_to_exitcode(status)
     if rc != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({rc}); see {out}/log.txt")
     for name in os.listdir(out):  # keep the metrics, drop the weights
@@ -141,6 +145,8 @@ def launch(script, flags, seed, out, quick):
             shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{time.time() - t0:.1f}\n")
+    with open(os.path.join(out, "cpu_seconds"), "w") as f:
+        f.write(f"{usage.ru_utime + usage.ru_stime:.1f}\n")
 
 
 def strip(flags, name):
@@ -200,18 +206,21 @@ def summarize(results, suite, configs):
                 logp_chosen=steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan)),
                 logp_rejected=steps[-1].get("logps/rejected", math.nan),
                 wall=float(open(os.path.join(out, "wall_seconds")).read()),
+                cpu=float(open(os.path.join(out, "cpu_seconds")).read()) if os.path.exists(os.path.join(out, "cpu_seconds")) else math.nan,
             ))
         if not per_seed:
             continue
 
         def ms(key):
             v = np.array([s[key] for s in per_seed], dtype=float)
+            v = v[~np.isnan(v)] if key == "cpu" and not np.isnan(v).all() else v  # runs from before CPU time was kept
             return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
 
         clamped = ms("clamped")
         rows.append(dict(config=name, script=script, flags=flags, seeds=len(per_seed),
                          rewards=[s["reward"] for s in per_seed], accuracies=[s["accuracy"] for s in per_seed],
-                         walls=[s["wall"] for s in per_seed], reward=ms("reward"), accuracy=ms("accuracy"), wall=ms("wall"), clamped_frac=clamped,
+                         walls=[s["wall"] for s in per_seed], cpus=[s["cpu"] for s in per_seed], cpu=ms("cpu"),
+                         reward=ms("reward"), accuracy=ms("accuracy"), wall=ms("wall"), clamped_frac=clamped,
                          regime=regime(flags, clamped[0]), margin=ms("margin"), abs_log_ratio=ms("abs_log_ratio"),
                          logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"),
                          curves=[s["curve"] for s in per_seed], train=[s["train"] for s in per_seed]))
@@ -273,17 +282,18 @@ def report(results, suite, configs, extra="", start=None):
             f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train")}) + "\n")
     lines = [f"# {suite}", "", extra,
              "Final held-out greedy reward and exact accuracy on 256 toy test problems (mean ± standard error over "
-             "seeds) and wall time per run (1 CPU thread, two runs at a time). Humanline diagnostics: the fraction of "
+             "seeds), wall and CPU time per run (1 CPU thread; two runs at a time, the `timing` suite one at a time). Humanline diagnostics: the fraction of "
              "tokens whose log-ratio to the reference lies outside [-1.5, 1.5] (clamped by the runs that clamp; for "
              "the others, what a clamp would have cut), averaged over training; the regime that puts a run in "
              "(clamp active: >= 1% of tokens, rare: 0.1-1%, idle: < 0.1%); the DPO/KTO reward margin (GRPO: the "
              "mean |token log-ratio| to the reference) averaged over training; mean token log-probs of chosen and "
              "rejected (GRPO: of the trained completions) at the last step.", "",
-             "| configuration | seeds | reward | accuracy | wall s | clamped frac | regime | margin | mean abs log-ratio "
+             "| configuration | seeds | reward | accuracy | wall s | CPU s | clamped frac | regime | margin | mean abs log-ratio "
              "| logp chosen | logp rejected |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {fmt(r['accuracy'])} | {fmt(r['wall'], 0)} "
+                     f"| {fmt(r['cpu'], 0)} "
                      f"| {fmt(r['clamped_frac'], 4)} | {r['regime']} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} "
                      f"| {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |")
     tests = significance(rows, comparisons(suite))
@@ -301,15 +311,17 @@ def report(results, suite, configs, extra="", start=None):
             if at:
                 se = float(np.std(at, ddof=1) / math.sqrt(len(at))) if len(at) > 1 else math.nan
                 lines.append(f"| {r['config']}{' (main)' if r in main_rows else ''} | {len(at)} | {fmt((float(np.mean(at)), se))} |")
-    ratios = [(algo, by[f"{algo} online"], by[f"{algo} offline+humanline"]) for algo in ("dpo", "kto", "grpo")
-              if f"{algo} online" in by and f"{algo} offline+humanline" in by]
-    if suite == "offpolicy" and all(c in by for c in ("grpo online (sample every step)", "grpo off-policy+humanline k=16")):
-        ratios.append(("grpo", by["grpo online (sample every step)"], by["grpo off-policy+humanline k=16"]))
+    ratios = [(by[f"{algo} {slow}"], by[f"{algo} {fast}"]) for algo in ("dpo", "kto", "grpo")
+              for slow, fast in (("online", "offline+humanline"), ("offline+humanline", "offline"))
+              if f"{algo} {slow}" in by and f"{algo} {fast}" in by]
+    ratios += [(by[slow], by[fast]) for slow, fast in (("grpo online (sample every step)", "grpo off-policy+humanline k=16"),)
+               if slow in by and fast in by]
     if ratios:
-        lines.append("")
-    for algo, slow, fast in ratios:
-        ratio = np.median(slow["walls"]) / np.median(fast["walls"])  # medians: a seed run on a busier machine moves a mean
-        lines.append(f"{algo}: {slow['config']} / {fast['config']} wall-time ratio {ratio:.2f} (medians over seeds)  ")
+        lines += ["", "| time ratio (medians over seeds) | wall | CPU |", "|---|---|---|"]
+    for slow, fast in ratios:  # medians: a seed run on a busier machine moves a mean
+        cpu = np.nanmedian(slow["cpus"]) / np.nanmedian(fast["cpus"]) if not np.isnan(slow["cpu"][0] + fast["cpu"][0]) else math.nan
+        lines.append(f"| {slow['config']} / {fast['config']} | {np.median(slow['walls']) / np.median(fast['walls']):.2f} "
+                     f"| {'–' if math.isnan(cpu) else f'{cpu:.2f}'} |")
     with open(os.path.join(results, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     plot(results, suite, rows, start)
@@ -403,7 +415,8 @@ def plot(results, suite, rows, start=None):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default="all", choices=["all", "main", "offpolicy", "ablations", "quality"])
+    parser.add_argument("--suite", default="all", choices=["all", "main", "offpolicy", "ablations", "quality", "timing"],
+                        help="timing: every main and off-policy variant once, one run at a time (for the time ratios)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each uses one CPU thread)")
     parser.add_argument("--seeds", type=int, default=0, help="override the number of seeds (0: the suite's)")
     parser.add_argument("--quick", action="store_true", help="every configuration, one seed, 2 steps")
@@ -413,9 +426,11 @@ def main():
     args = parser.parse_args()
     results = os.path.join(args.results, "quick") if args.quick else args.results
     all_suites = suites(results)
-    if args.quick:  # one seed, two steps
+    if args.quick:  # one seed, two steps (timing repeats main's and offpolicy's configurations: left out)
         all_suites = {k: [(n, s, strip(f, "--max_steps") + ["--max_steps", "2"], 1) for n, s, f, _ in v]
-                      for k, v in all_suites.items()}
+                      for k, v in all_suites.items() if k != "timing"}
+        if args.suite == "timing":
+            parser.error("--quick runs timing's configurations in main and offpolicy")
     chosen = list(all_suites) if args.suite == "all" else [args.suite]
     ranges = make_quartiles(results) if "quality" in chosen else None
     if not args.report:
@@ -429,7 +444,7 @@ def main():
                     if args.quick or not finished(out, max_steps_of(flags)):
                         jobs.append((script, flags, seed, out))
         print(f"{len(jobs)} runs to do")
-        with ThreadPoolExecutor(args.jobs) as pool:
+        with ThreadPoolExecutor(1 if args.suite == "timing" else args.jobs) as pool:
             for i, _ in enumerate(pool.map(lambda j: launch(*j, quick=args.quick), jobs)):
                 print(f"  {i + 1}/{len(jobs)} done", flush=True)
     if args.quick:

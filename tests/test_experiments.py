@@ -20,7 +20,7 @@ def test_holm_by_hand():
     assert list(run.holm([0.5, 0.9])) == pytest.approx([1.0, 1.0])  # capped at 1
 
 
-def fake_run(out, rewards_by_step, wall=10.0, clamped=0.0):
+def fake_run(out, rewards_by_step, wall=10.0, clamped=0.0, cpu=None):
     os.makedirs(out)
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         for step, reward in rewards_by_step:
@@ -28,6 +28,9 @@ def fake_run(out, rewards_by_step, wall=10.0, clamped=0.0):
                                 "eval/reward": reward, "eval/accuracy": reward / 2}) + "\n")
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{wall}\n")
+    if cpu is not None:
+        with open(os.path.join(out, "cpu_seconds"), "w") as f:
+            f.write(f"{cpu}\n")
 
 
 def test_summary_and_significance_on_known_runs(tmp_path):
@@ -56,9 +59,24 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     run.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
     assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 |" in table
-    assert "dpo online / dpo offline+humanline wall-time ratio 5.00 (medians over seeds)" in table
-    assert "| dpo offline | 5 | 0.500 ± 0.007 | 0.250 ± 0.004 | 20 ± 0 | 0.0000 ± 0.0000 | no clamp |" in table
-    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.305 ± 0.005 | 20 ± 0 | 0.0000 ± 0.0000 | clamp idle |" in table
+    assert "| dpo online / dpo offline+humanline | 5.00 | – |" in table  # no CPU times were recorded
+    assert "| dpo offline | 5 | 0.500 ± 0.007 | 0.250 ± 0.004 | 20 ± 0 | – | 0.0000 ± 0.0000 | no clamp |" in table
+    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.305 ± 0.005 | 20 ± 0 | – | 0.0000 ± 0.0000 | clamp idle |" in table
+
+
+def test_time_ratios_use_medians_and_cpu_time(tmp_path):
+    results = str(tmp_path)
+    configs = [c for c in run.suites(results)["main"] if c[0] in ("kto offline", "kto offline+humanline", "kto online")]
+    walls = {"kto offline": [10, 10, 12, 10, 10], "kto offline+humanline": [20, 30, 20, 20, 90], "kto online": [60, 60, 60, 200, 61]}
+    for name, _, flags, seeds in configs:
+        for seed in range(seeds):
+            fake_run(run.run_dir(results, "main", name, seed), [(120, 0.5 + 0.01 * seed)], wall=walls[name][seed],
+                     cpu=walls[name][seed] / 2 if seed else None)  # seed 0 ran before CPU times were kept
+    run.report(results, "main", configs)
+    table = open(os.path.join(results, "main.md")).read()
+    # medians: online 60 / 20 = 3.0 wall; CPU from seeds 1-4 only: median(30, 30, 100, 30.5) = 30.25 / median(15, 10, 10, 45) = 12.5
+    assert "| kto online / kto offline+humanline | 3.00 | 2.42 |" in table
+    assert "| kto offline+humanline / kto offline | 2.00 | 2.50 |" in table  # 20 / 10; 12.5 / median(5, 6, 5, 5) = 2.5
 
 
 def test_regime():
@@ -81,11 +99,17 @@ def test_quick_exercises_every_configuration(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     quick = os.path.join(str(tmp_path), "quick")
-    for suite, configs in run.suites(quick).items():
+    suites = run.suites(quick)
+    assert [c[:3] for c in suites["timing"]] == [c[:3] for c in suites["main"] + suites["offpolicy"]]
+    for suite, configs in suites.items():
+        if suite == "timing":  # the same configurations, one run at a time: not in --quick
+            continue
         table = open(os.path.join(quick, f"{suite}.md")).read()
         for name, _, _, _ in configs:
             out = run.run_dir(quick, suite, name, 0)
             assert run.finished(out, 2), out
             assert f"| {name} | 1 |" in table
-            assert sorted(os.listdir(out)) == ["args.json", "metrics.jsonl", "wall_seconds"]  # weights removed
-    assert not math.isnan(json.loads(open(os.path.join(quick, "main.jsonl")).readline())["reward"][0])
+            assert sorted(os.listdir(out)) == ["args.json", "cpu_seconds", "metrics.jsonl", "wall_seconds"]  # weights removed
+    first = json.loads(open(os.path.join(quick, "main.jsonl")).readline())
+    assert not math.isnan(first["reward"][0])
+    assert 0 < first["cpu"][0] < 10 * first["wall"][0]  # one thread, but torch may start a helper thread or two
