@@ -47,6 +47,11 @@ def suites(results):
         ("grpo off-policy (sample 64x every 64 steps)", "grpo_humanline.py", ["--online", "--sample_every", "64"], 5),
         ("grpo off-policy+humanline k=16", "grpo_humanline.py",
          ["--online", "--sample_every", "64", "--humanline", "--sync_every", "16"], 5),
+        # which half of humanline does the work off-policy: the ratio's denominator is then the reference synced every
+        # 16 steps instead of the sampler, which can be 64 steps old
+        ("grpo off-policy+sync only k=16", "grpo_humanline.py",
+         ["--online", "--sample_every", "64", "--sync", "humanline", "--sync_every", "16"], 3),
+        ("grpo off-policy+clamp only", "grpo_humanline.py", ["--online", "--sample_every", "64", "--clip", "clamp"], 3),
     ]
     ablations = [
         ("dpo offline", "dpo_humanline.py", [], 3),
@@ -234,7 +239,9 @@ def comparisons(suite):
                 for other in ("offline", "online")]
     if suite == "offpolicy":
         return [("grpo off-policy+humanline k=16", "grpo online (sample every step)"),
-                ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)")]
+                ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)"),
+                ("grpo off-policy+sync only k=16", "grpo off-policy+humanline k=16"),
+                ("grpo off-policy+clamp only", "grpo off-policy+humanline k=16")]
     if suite == "ablations":
         both = "dpo sync+clamp (humanline)"
         return [("dpo sync only", both), ("dpo clamp only", both), (both, "dpo offline"),
@@ -398,7 +405,7 @@ def plot(results, suite, rows, start=None):
         for ax in row_axes[len(present[group]):]:
             ax.axis("off")
         for ax, key in zip(row_axes, present[group]):
-            ax.set_prop_cycle(color=plt.cm.tab20.colors)
+            ax.set_prop_cycle(color=plt.cm.tab10.colors if len(members) <= 10 else plt.cm.tab20.colors)
             for r in members:
                 series = [t[key] for t in r["train"] if t[key]]
                 if series:
