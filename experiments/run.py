@@ -70,6 +70,9 @@ def suites(results):
     # those rows cannot differ; ranges this tight make the clamp act on 1-10% of tokens
     ablations += [(f"dpo humanline clip [{-eps:g}, {eps:g}] (regime probe)", "dpo_humanline.py",
                    ["--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)], 3) for eps in (0.01, 0.003)]
+    ablations += [(f"{algo} humanline clip [{-eps:g}, {eps:g}] (regime probe)", f"{algo}_humanline.py",
+                   ["--offline", "--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)], 3)
+                  for algo in ("kto", "grpo") for eps in (0.01, 0.003)]
     ablations += [(f"dpo humanline lr {lr:g}", "dpo_humanline.py", ["--humanline", "--learning_rate", str(lr)], 3)
                   for lr in (2e-6, 5e-6, 1e-5, 4e-5)]  # 0.1x to 2x the default 2e-5 (the SPEC allows 0.1x to 4x)
     ablations += [(f"dpo {mode} lr {lr:g}", "dpo_humanline.py", flags + ["--learning_rate", str(lr)], 3)
