@@ -85,6 +85,9 @@ def suites(results):
                   for name, flags in (("", []), ("humanline, ", ["--humanline"]))]
     quality = [(f"dpo offline+humanline, quartile {q} of the data", "dpo_humanline.py",
                 ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"], 3) for q in (1, 2, 3, 4)]
+    # the other source: the weak model's 755 pairs (proxy -0.60) against as many of the strong model's (-0.11), one epoch
+    quality += [(f"dpo offline+humanline, the {source} source's data, 23 steps", "dpo_humanline.py",
+                 ["--humanline", "--dataset", f"toy:{source}", "--max_steps", "23"], 3) for source in ("weak", "strong")]
     # wall and CPU time of every main and off-policy variant, one run at a time on an otherwise idle machine
     timing = [(name, script, flags, 1) for name, script, flags, _ in main + offpolicy]
     return {"main": main, "offpolicy": offpolicy, "ablations": ablations, "quality": quality, "timing": timing}
@@ -250,7 +253,8 @@ def comparisons(suite):
         return [("dpo sync only", both), ("dpo clamp only", both), (both, "dpo offline"),
                 ("dpo sync+sampling", both), ("dpo trust-region sync+clamp", both)]
     if suite == "quality":
-        return [("dpo offline+humanline, quartile 4 of the data", "dpo offline+humanline, quartile 1 of the data")]
+        return [("dpo offline+humanline, quartile 4 of the data", "dpo offline+humanline, quartile 1 of the data"),
+                ("dpo offline+humanline, the weak source's data, 23 steps", "dpo offline+humanline, the strong source's data, 23 steps")]
     return []
 
 
