@@ -5,11 +5,12 @@
     python experiments/run.py --report             # only rebuild the tables and plots from finished runs
     python experiments/run.py --quick              # every configuration for 2 steps (a smoke test)
 
-Each run is one training script in a subprocess with one CPU thread (`--jobs` at a time). A run is
-finished when its `metrics.jsonl` has a record for the final step; finished runs are skipped, so an
-interrupted invocation continues where it stopped. Per run only `metrics.jsonl` and `args.json` are
-kept (models and checkpoints are deleted). Results: `experiments/results/<suite>.md` (tables),
-`<suite>.jsonl` (one line per configuration), and PNG plots when matplotlib is installed (`pip install -r experiments/requirements.txt`).
+Each run is one training script in a subprocess with one CPU thread (`--jobs` at a time; the timing
+suite one at a time). A run is finished when its `metrics.jsonl` has a record for the final step;
+finished runs are skipped, so an interrupted invocation continues where it stopped. Per run only
+`metrics.jsonl`, `args.json` and its wall and CPU seconds are kept (models and checkpoints are
+deleted). Results: `experiments/results/<suite>.md` (tables), `<suite>.jsonl` (one line per
+configuration), and PNG plots when matplotlib is installed (`pip install -r experiments/requirements.txt`).
 
 Every variant of a comparison sees the same number of training examples (steps x batch size), and
 hyperparameters differ between variants only where a row says so.
@@ -447,22 +448,23 @@ def main():
             parser.error("--quick runs timing's configurations in main and offpolicy")
     chosen = list(all_suites) if args.suite == "all" else [args.suite]
     ranges = make_quartiles(results) if "quality" in chosen else None
-    if not args.report:
+    done = 0
+    for suite in chosen if not args.report else []:
         jobs = []
-        for suite in chosen:
-            for name, script, flags, seeds in all_suites[suite]:
-                if args.only not in name:
-                    continue
-                for seed in range(args.seeds or seeds):
-                    out = run_dir(results, suite, name, seed)
-                    if args.quick or not finished(out, max_steps_of(flags)):
-                        jobs.append((script, flags, seed, out))
-        print(f"{len(jobs)} runs to do")
-        with ThreadPoolExecutor(1 if args.suite == "timing" else args.jobs) as pool:
+        for name, script, flags, seeds in all_suites[suite]:
+            if args.only not in name:
+                continue
+            for seed in range(args.seeds or seeds):
+                out = run_dir(results, suite, name, seed)
+                if args.quick or not finished(out, max_steps_of(flags)):
+                    jobs.append((script, flags, seed, out))
+        print(f"{suite}: {len(jobs)} runs to do", flush=True)
+        with ThreadPoolExecutor(1 if suite == "timing" else args.jobs) as pool:  # timing: alone on the machine
             for i, _ in enumerate(pool.map(lambda j: launch(*j, quick=args.quick), jobs)):
-                print(f"  {i + 1}/{len(jobs)} done", flush=True)
+                print(f"  {suite}: {i + 1}/{len(jobs)} done", flush=True)
+        done += len(jobs)
     if args.quick:
-        print(f"quick: {len(jobs)} configurations ran")
+        print(f"quick: {done} configurations ran")
     start = starting_reward()
     for suite in chosen:
         extra = ""
