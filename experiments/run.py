@@ -218,6 +218,8 @@ def summarize(results, suite, configs):
                 logp_chosen=steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan)),
                 logp_rejected=steps[-1].get("logps/rejected", math.nan),
                 wall=float(open(os.path.join(out, "wall_seconds")).read()),
+                # the training loop alone: optimizer steps plus online sampling and scoring (no start-up, no evaluation)
+                loop=sum(r.get("perf/step_seconds", 0) + r.get("online/seconds", 0) for r in recs),
                 cpu=float(open(os.path.join(out, "cpu_seconds")).read()) if os.path.exists(os.path.join(out, "cpu_seconds")) else math.nan,
             ))
         if not per_seed:
@@ -232,6 +234,7 @@ def summarize(results, suite, configs):
         rows.append(dict(config=name, script=script, flags=flags, seeds=len(per_seed),
                          rewards=[s["reward"] for s in per_seed], accuracies=[s["accuracy"] for s in per_seed],
                          walls=[s["wall"] for s in per_seed], cpus=[s["cpu"] for s in per_seed], cpu=ms("cpu"),
+                         loops=[s["loop"] for s in per_seed], loop=ms("loop"),
                          reward=ms("reward"), accuracy=ms("accuracy"), wall=ms("wall"), clamped_frac=clamped,
                          regime=regime(flags, clamped[0]), margin=ms("margin"), abs_log_ratio=ms("abs_log_ratio"),
                          logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"),
@@ -297,18 +300,20 @@ def report(results, suite, configs, extra="", start=None):
             f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train")}) + "\n")
     lines = [f"# {suite}", "", extra,
              "Final held-out greedy reward and exact accuracy on 256 toy test problems (mean ± standard error over "
-             "seeds), wall and CPU time per run (1 CPU thread; two runs at a time, the `timing` suite one at a time). Humanline diagnostics: the fraction of "
+             "seeds); wall and CPU time per run (1 CPU thread; two runs at a time, the `timing` suite one at a time) and the "
+             "wall time of its training loop alone (optimizer steps plus online sampling and scoring: no start-up, no "
+             "evaluation). Humanline diagnostics: the fraction of "
              "tokens whose log-ratio to the reference lies outside [-1.5, 1.5] (clamped by the runs that clamp; for "
              "the others, what a clamp would have cut), averaged over training; the regime that puts a run in "
              "(clamp active: >= 1% of tokens, rare: 0.1-1%, idle: < 0.1%); the DPO/KTO reward margin (GRPO: the "
              "mean |token log-ratio| to the reference) averaged over training; mean token log-probs of chosen and "
              "rejected (GRPO: of the trained completions) at the last step.", "",
-             "| configuration | seeds | reward | accuracy | wall s | CPU s | clamped frac | regime | margin | mean abs log-ratio "
+             "| configuration | seeds | reward | accuracy | wall s | CPU s | loop s | clamped frac | regime | margin | mean abs log-ratio "
              "| logp chosen | logp rejected |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {fmt(r['accuracy'])} | {fmt(r['wall'], 0)} "
-                     f"| {fmt(r['cpu'], 0)} "
+                     f"| {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} "
                      f"| {fmt(r['clamped_frac'], 4)} | {r['regime']} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} "
                      f"| {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |")
     tests = significance(rows, comparisons(suite))
@@ -332,11 +337,11 @@ def report(results, suite, configs, extra="", start=None):
     ratios += [(by[slow], by[fast]) for slow, fast in (("grpo online (sample every step)", "grpo off-policy+humanline k=16"),)
                if slow in by and fast in by]
     if ratios:
-        lines += ["", "| time ratio (medians over seeds) | wall | CPU |", "|---|---|---|"]
+        lines += ["", "| time ratio (medians over seeds) | wall | CPU | training loop |", "|---|---|---|---|"]
     for slow, fast in ratios:  # medians: a seed run on a busier machine moves a mean
         cpu = np.nanmedian(slow["cpus"]) / np.nanmedian(fast["cpus"]) if not np.isnan(slow["cpu"][0] + fast["cpu"][0]) else math.nan
         lines.append(f"| {slow['config']} / {fast['config']} | {np.median(slow['walls']) / np.median(fast['walls']):.2f} "
-                     f"| {'–' if math.isnan(cpu) else f'{cpu:.2f}'} |")
+                     f"| {'–' if math.isnan(cpu) else f'{cpu:.2f}'} | {np.median(slow['loops']) / np.median(fast['loops']):.2f} |")
     with open(os.path.join(results, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     plot(results, suite, rows, start)

@@ -24,7 +24,7 @@ def fake_run(out, rewards_by_step, wall=10.0, clamped=0.0, cpu=None):
     os.makedirs(out)
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         for step, reward in rewards_by_step:
-            f.write(json.dumps({"step": step, "loss": 0.5, "humanline/clamped_frac": clamped, "rewards/margins": 1.0,
+            f.write(json.dumps({"step": step, "loss": 0.5, "perf/step_seconds": wall / 100, "humanline/clamped_frac": clamped, "rewards/margins": 1.0,
                                 "eval/reward": reward, "eval/accuracy": reward / 2}) + "\n")
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{wall}\n")
@@ -59,9 +59,9 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     run.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
     assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 |" in table
-    assert "| dpo online / dpo offline+humanline | 5.00 | – |" in table  # no CPU times were recorded
-    assert "| dpo offline | 5 | 0.500 ± 0.007 | 0.250 ± 0.004 | 20 ± 0 | – | 0.0000 ± 0.0000 | no clamp |" in table
-    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.305 ± 0.005 | 20 ± 0 | – | 0.0000 ± 0.0000 | clamp idle |" in table
+    assert "| dpo online / dpo offline+humanline | 5.00 | – | 5.00 |" in table  # no CPU times were recorded
+    assert "| dpo offline | 5 | 0.500 ± 0.007 | 0.250 ± 0.004 | 20 ± 0 | – | 0 ± 0 | 0.0000 ± 0.0000 | no clamp |" in table
+    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.305 ± 0.005 | 20 ± 0 | – | 0 ± 0 | 0.0000 ± 0.0000 | clamp idle |" in table
 
 
 def test_time_ratios_use_medians_and_cpu_time(tmp_path):
