@@ -53,6 +53,14 @@ def suites(results):
         ("grpo off-policy+sync only k=16", "grpo_humanline.py",
          ["--online", "--sample_every", "64", "--sync", "humanline", "--sync_every", "16"], 3),
         ("grpo off-policy+clamp only", "grpo_humanline.py", ["--online", "--sample_every", "64", "--clip", "clamp"], 3),
+        # syncing changes two terms: the ratio's denominator and the KL baseline (both the reference). Without the KL term
+        # (beta 0) only the denominator differs between these two rows
+        ("grpo off-policy, beta 0", "grpo_humanline.py", ["--online", "--sample_every", "64", "--beta", "0"], 3),
+        ("grpo off-policy+humanline k=16, beta 0", "grpo_humanline.py",
+         ["--online", "--sample_every", "64", "--humanline", "--sync_every", "16", "--beta", "0"], 3),
+        # ... and with the PPO clip [1 - eps, 1 + eps] opened wide: is the clip around a stale sampler what holds it back?
+        ("grpo off-policy, beta 0, eps 100", "grpo_humanline.py",
+         ["--online", "--sample_every", "64", "--beta", "0", "--eps", "100"], 3),
     ]
     ablations = [
         ("dpo offline", "dpo_humanline.py", [], 3),
@@ -251,7 +259,9 @@ def comparisons(suite):
         return [("grpo off-policy+humanline k=16", "grpo online (sample every step)"),
                 ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)"),
                 ("grpo off-policy+sync only k=16", "grpo off-policy+humanline k=16"),
-                ("grpo off-policy+clamp only", "grpo off-policy+humanline k=16")]
+                ("grpo off-policy+clamp only", "grpo off-policy+humanline k=16"),
+                ("grpo off-policy+humanline k=16, beta 0", "grpo off-policy, beta 0"),
+                ("grpo off-policy, beta 0, eps 100", "grpo off-policy, beta 0")]
     if suite == "ablations":
         both = "dpo sync+clamp (humanline)"
         return [("dpo sync only", both), ("dpo clamp only", both), (both, "dpo offline"),
