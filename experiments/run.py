@@ -404,7 +404,7 @@ def plot(results, suite, rows, start=None):
             ax.set_title(group if suite == "main" else "off-policy GRPO")
             ax.legend(fontsize=7)
     else:
-        fig, ax = plt.subplots(figsize=(8, 0.38 * len(rows) + 1.2))
+        fig, ax = plt.subplots(figsize=(10, 0.38 * len(rows) + 1.2))
         ax.barh(range(len(rows)), [r["reward"][0] for r in rows],
                 xerr=[0 if math.isnan(r["reward"][1]) else r["reward"][1] for r in rows], color="tab:blue", alpha=0.7)
         ax.set_yticks(range(len(rows)), [f"{r['config']} (n={r['seeds']})" for r in rows], fontsize=7)
@@ -418,7 +418,7 @@ def plot(results, suite, rows, start=None):
         ax.set_xlabel("final held-out reward (greedy), mean ± s.e.")
         ax.set_title(f"toy task: {suite}")
     fig.tight_layout()
-    fig.savefig(os.path.join(results, f"{suite}.png"), dpi=110)
+    fig.savefig(os.path.join(results, f"{suite}.png"), dpi=110, bbox_inches="tight")
     plt.close(fig)
 
     present = {g: [k for k in DIAGNOSTICS if any(t[k] for r in members for t in r["train"])] for g, members in groups.items()}
