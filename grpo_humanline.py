@@ -886,10 +886,24 @@ def save_checkpoint(output_dir, step, policy, ref, optimizer, scheduler, tokeniz
     if world > 1:
         dist.barrier()
     if rank == 0:
+        fsync(tmp)  # the files reach the disk before the rename makes them the checkpoint (a power cut keeps either)
         shutil.rmtree(final, ignore_errors=True)  # only when a step is saved twice (the last one)
         os.replace(tmp, final)
+        fsync(output_dir, files=False)  # the rename itself
     if world > 1:
         dist.barrier()
+
+
+def fsync(path, files=True):
+    """Flush a directory's entries (and, with files, every file under it) to disk."""
+    for root, _, names in os.walk(path) if files else []:
+        for name in names:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
 
 
 def numpy_state():
@@ -1185,13 +1199,15 @@ if __name__ == "__main__":
             if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
                 shuffle = torch.Generator().manual_seed(1_000_003 * (args.seed + 1) + round_index)
                 groups = [groups[i] for i in torch.randperm(len(groups), generator=shuffle).tolist()]
-            round_seqs = group_sequences(encode_groups(groups, tokenizer, args)[0])
+            encoded, truncated = encode_groups(groups, tokenizer, args)
+            round_seqs = group_sequences(encoded)
             round_seqs, round_start = round_seqs[: len(round_seqs) // args.batch_size * args.batch_size], step
             if sampler_denominator:
                 round_seqs = record_sampler_logps(policy, round_seqs, tokenizer.pad_token_id, args, device, autocast, rank, world)
             record = {"step": step, "online/round": round_index, "online/sample_reward": (stats[0] / stats[1].clamp(min=1)).item(),
                       "online/bad_rewards": int(stats[-1]), "online/groups": len(groups), "online/zero_std_frac": (stats[3] / max(1, stats[2])).item(),
-                      "online/steps": len(round_seqs) // args.batch_size, "online/seconds": time.time() - t0}
+                      "online/steps": len(round_seqs) // args.batch_size, "online/seconds": time.time() - t0,
+                      "online/truncated_completions": truncated["truncated_completions"]}
             if args.pairs_from_samples:
                 record["online/kept_frac"] = len(groups) / len(rows)
             if len(reward_fns) > 1:

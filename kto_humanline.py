@@ -693,10 +693,24 @@ def save_checkpoint(output_dir, step, policy, ref, optimizer, scheduler, tokeniz
     if world > 1:
         dist.barrier()
     if rank == 0:
+        fsync(tmp)  # the files reach the disk before the rename makes them the checkpoint (a power cut keeps either)
         shutil.rmtree(final, ignore_errors=True)  # only when a step is saved twice (the last one)
         os.replace(tmp, final)
+        fsync(output_dir, files=False)  # the rename itself
     if world > 1:
         dist.barrier()
+
+
+def fsync(path, files=True):
+    """Flush a directory's entries (and, with files, every file under it) to disk."""
+    for root, _, names in os.walk(path) if files else []:
+        for name in names:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
 
 
 def numpy_state():
@@ -960,11 +974,12 @@ if __name__ == "__main__":
             rows, stats = online_round(policy, tokenizer, scorer, prompts, args, args.seed + round_index, rank, world)
             if world > 1:
                 dist.all_reduce(stats)
-            round_pairs, round_start, round_index = encode_examples(rows, tokenizer, args, sampled=True)[0], step, round_index + 1
+            (round_pairs, truncated), round_start, round_index = encode_examples(rows, tokenizer, args, sampled=True), step, round_index + 1
             shuffle = torch.Generator().manual_seed(1_000_003 * (args.seed + 1) + round_index)
             round_pairs = [round_pairs[i] for i in torch.randperm(len(round_pairs), generator=shuffle).tolist()]
             log({"step": step, "online/round": round_index, "online/sample_reward": (stats[0] / stats[1].clamp(min=1)).item(),
                  "online/bad_rewards": int(stats[3]), "online/pairs": len(rows),
+                 "online/truncated_completions": truncated["truncated_completions"],
                  "online/kept_frac": len(rows) / len(prompts), "online/seconds": time.time() - t0})
             if len(round_pairs) < args.batch_size:
                 raise SystemExit(f"round {round_index} kept {len(round_pairs)} examples, fewer than one batch; "

@@ -601,6 +601,14 @@ def test_end_to_end(name, dpo_run, toy_model):
         rounds = [r for r in run.records if "online/pairs" in r]
         assert rounds and rounds[0]["step"] == 0 and all(r["online/pairs"] >= 8 for r in rounds)
         assert all(0 < r["online/kept_frac"] <= 1 for r in rounds)
+        assert all(r["online/truncated_completions"] == 0 for r in rounds)  # toy completions fit --max_length
+
+
+def test_online_rounds_count_the_completions_cut_by_max_length(dpo_run):
+    # a toy prompt is 9 tokens and a completion up to 32: --max_length 24 cuts nearly every sampled completion
+    run = dpo_run(["--online", "--max_length", "24", "--max_steps", "1"]).check()
+    rounds = [r for r in run.records if "online/pairs" in r]
+    assert rounds and all(r["online/pairs"] <= r["online/truncated_completions"] <= 2 * r["online/pairs"] for r in rounds)
     with open(os.path.join(run.out, "args.json")) as f:
         args = json.load(f)
     assert (args["online"], args["sync"], args["clip"]) == MODES[name]
@@ -720,6 +728,30 @@ def test_load_checkpoint_restores_weights_and_optimizer_state(checkpoint_round_t
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(a[name], b[name]), name
     assert s2.last_epoch == sched.last_epoch and s2.get_last_lr() == sched.get_last_lr()
+
+
+def test_a_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(checkpoint_round_trip, tok, tmp_path, monkeypatch):
+    (policy, ref, opt, sched), _, _ = checkpoint_round_trip
+    events, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(a, b):
+        events.append(("replace", str(a), str(b)))
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    dpo_humanline.save_checkpoint(str(tmp_path), 5, policy, ref, opt, sched, tok, {}, 0, 1)
+    final = str(tmp_path / "checkpoint-5")
+    rename = events.index(("replace", final + ".tmp", final))
+    synced_before = {path for kind, path, *_ in events[:rename] if kind == "fsync"}
+    files = {os.path.join(final + ".tmp", name) for name in os.listdir(final)}
+    assert len(files) >= 3 and files <= synced_before  # every file (weights, config, state), then the directory
+    assert final + ".tmp" in synced_before
+    assert ("fsync", str(tmp_path)) in events[rename + 1:]  # and the rename itself
 
 
 def test_load_checkpoint_restores_the_learning_rate_in_use(checkpoint_round_trip):

@@ -285,6 +285,7 @@ def test_end_to_end(mode_runs, name):
     assert 0.5 <= train[0]["loss"] <= 0.55 and train[0]["kl"] == 0
     assert "eval/reward" in train[-1]
     assert any("online/round" in r for r in records) == name.startswith("online")
+    assert all(r["online/truncated_completions"] == 0 for r in records if "online/round" in r)  # toy completions fit
     out = mode_runs[name][1]
     args = json.load(open(out / "args.json"))
     assert (args["beta"], args["desirable_weight"], args["undesirable_weight"]) == (0.25, 1.1, 1.0)
