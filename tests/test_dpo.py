@@ -602,13 +602,6 @@ def test_end_to_end(name, dpo_run, toy_model):
         assert rounds and rounds[0]["step"] == 0 and all(r["online/pairs"] >= 8 for r in rounds)
         assert all(0 < r["online/kept_frac"] <= 1 for r in rounds)
         assert all(r["online/truncated_completions"] == 0 for r in rounds)  # toy completions fit --max_length
-
-
-def test_online_rounds_count_the_completions_cut_by_max_length(dpo_run):
-    # a toy prompt is 9 tokens and a completion up to 32: --max_length 24 cuts nearly every sampled completion
-    run = dpo_run(["--online", "--max_length", "24", "--max_steps", "1"]).check()
-    rounds = [r for r in run.records if "online/pairs" in r]
-    assert rounds and all(r["online/pairs"] <= r["online/truncated_completions"] <= 2 * r["online/pairs"] for r in rounds)
     with open(os.path.join(run.out, "args.json")) as f:
         args = json.load(f)
     assert (args["online"], args["sync"], args["clip"]) == MODES[name]
@@ -619,6 +612,13 @@ def test_online_rounds_count_the_completions_cut_by_max_length(dpo_run):
     trained, initial = model.state_dict(), toy_model.state_dict()
     assert trained.keys() == initial.keys()
     assert any(not torch.equal(trained[k], initial[k]) for k in trained)
+
+
+def test_online_rounds_count_the_completions_cut_by_max_length(dpo_run):
+    # a toy prompt is 9 tokens and a completion up to 32: --max_length 24 cuts nearly every sampled completion
+    run = dpo_run(["--online", "--max_prompt_length", "16", "--max_length", "24", "--max_steps", "1"]).check()
+    rounds = [r for r in run.records if "online/pairs" in r]
+    assert rounds and all(r["online/pairs"] <= r["online/truncated_completions"] <= 2 * r["online/pairs"] for r in rounds)
 
 
 def test_sync_timing_end_to_end(dpo_run):
