@@ -703,14 +703,13 @@ def save_checkpoint(output_dir, step, policy, ref, optimizer, scheduler, tokeniz
 
 def fsync(path, files=True):
     """Flush a directory's entries (and, with files, every file under it) to disk."""
-    for root, _, names in os.walk(path) if files else []:
-        for name in names:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+    inside = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names] if files else []
+    for p in inside + [path]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
             os.fsync(fd)
+        finally:
             os.close(fd)
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.close(fd)
 
 
 def numpy_state():

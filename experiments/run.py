@@ -76,7 +76,7 @@ def suites(results):
                    ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)], 3)
                   for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]  # SPEC Table 6
     # regime probes: with k = 1 a token's log-ratio is one step's change (~0.002), far inside every Table 6 range, so
-    # those rows cannot differ; ranges this tight make the clamp act on 1-10% of tokens
+    # those rows cannot differ; ranges this tight make the clamp act on 3-9% of tokens
     ablations += [(f"dpo humanline clip [{-eps:g}, {eps:g}] (regime probe)", "dpo_humanline.py",
                    ["--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)], 3) for eps in (0.01, 0.003)]
     ablations += [(f"{algo} humanline clip [{-eps:g}, {eps:g}] (regime probe)", f"{algo}_humanline.py",
@@ -87,7 +87,7 @@ def suites(results):
     ablations += [(f"dpo {mode} lr {lr:g}", "dpo_humanline.py", flags + ["--learning_rate", str(lr)], 3)
                   for mode, flags in (("offline", []), ("online", ["--online"])) for lr in (5e-6, 1e-5)]  # the same sweep, fairly
     # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts keeps
-    # ~3150 pairs, so 80 steps of 32: compare with the other rows' step-80 evaluation), without and with humanline.
+    # ~3200 pairs (3225 for seed 0), so 80 steps of 32: compare with the other rows' step-80 evaluation), without and with humanline.
     # Does the gap to online come from the offline data being another model's, or from its being stale?
     ablations += [(f"dpo {name}on-policy data sampled once, 80 steps (data probe)", "dpo_humanline.py",
                    ["--online", "--round_size", "4096", "--max_steps", "80"] + flags, 3)
@@ -234,9 +234,7 @@ def summarize(results, suite, configs):
             continue
 
         def ms(key):
-            v = np.array([s[key] for s in per_seed], dtype=float)
-            v = v[~np.isnan(v)] if key == "cpu" and not np.isnan(v).all() else v  # runs from before CPU time was kept
-            return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+            return mean_se([s[key] for s in per_seed])
 
         clamped = ms("clamped")
         rows.append(dict(config=name, script=script, flags=flags, seeds=len(per_seed),
@@ -248,6 +246,14 @@ def summarize(results, suite, configs):
                          logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"),
                          curves=[s["curve"] for s in per_seed], train=[s["train"] for s in per_seed]))
     return rows
+
+
+def mean_se(values):
+    """Mean and standard error over seeds, leaving out seeds without the value (NaN: e.g. runs made before CPU
+    time was kept); NaN where no seed has it, and a NaN error for one seed."""
+    v = np.array(values, dtype=float)
+    v = v[~np.isnan(v)] if not np.isnan(v).all() else v
+    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
 
 
 def comparisons(suite):
@@ -314,7 +320,7 @@ def report(results, suite, configs, extra="", start=None):
              "wall time of its training loop alone (optimizer steps plus online sampling and scoring: no start-up, no "
              "evaluation). Humanline diagnostics: the fraction of "
              "tokens whose log-ratio to the reference lies outside [-1.5, 1.5] (clamped by the runs that clamp; for "
-             "the others, what a clamp would have cut), averaged over training; the regime that puts a run in "
+             "the others, what a clamp would have cut), averaged over training; the regime this puts a run in "
              "(clamp active: >= 1% of tokens, rare: 0.1-1%, idle: < 0.1%); the DPO/KTO reward margin (GRPO: the "
              "mean |token log-ratio| to the reference) averaged over training; mean token log-probs of chosen and "
              "rejected (GRPO: of the trained completions) at the last step.", "",
@@ -339,8 +345,7 @@ def report(results, suite, configs, extra="", start=None):
         for r in main_rows + rows:
             at = [v for c in r["curves"] for s, v, _ in c if s == 80]
             if at:
-                se = float(np.std(at, ddof=1) / math.sqrt(len(at))) if len(at) > 1 else math.nan
-                lines.append(f"| {r['config']}{' (main)' if r in main_rows else ''} | {len(at)} | {fmt((float(np.mean(at)), se))} |")
+                lines.append(f"| {r['config']}{' (main)' if r in main_rows else ''} | {len(at)} | {fmt(mean_se(at))} |")
     ratios = [(by[f"{algo} {slow}"], by[f"{algo} {fast}"]) for algo in ("dpo", "kto", "grpo")
               for slow, fast in (("online", "offline+humanline"), ("offline+humanline", "offline"))
               if f"{algo} {slow}" in by and f"{algo} {fast}" in by]

@@ -615,7 +615,7 @@ def test_end_to_end(name, dpo_run, toy_model):
 
 
 def test_online_rounds_count_the_completions_cut_by_max_length(dpo_run):
-    # a toy prompt is 9 tokens and a completion up to 32: --max_length 24 cuts nearly every sampled completion
+    # a toy prompt is 8 tokens and a completion 32 (with <eos>): --max_length 24 cuts every completion of that length
     run = dpo_run(["--online", "--max_prompt_length", "16", "--max_length", "24", "--max_steps", "1"]).check()
     rounds = [r for r in run.records if "online/pairs" in r]
     assert rounds and all(r["online/pairs"] <= r["online/truncated_completions"] <= 2 * r["online/pairs"] for r in rounds)
