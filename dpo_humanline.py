@@ -138,7 +138,7 @@ class Args:
     reward_threshold: float = field(default=0.01, metadata={"help": "tau: keep a pair only if best - worst >= tau."})
     generation_batch_size: int = field(default=64, metadata={"help": "Prompts per generate() call per process."})
     # --- evaluation and checkpoints ---
-    eval_every: int = field(default=20, metadata={"help": "Evaluate every N steps (0: only at the end)."})
+    eval_every: int = field(default=20, metadata={"help": "Evaluate at step 0 and every N steps (0: only at the end)."})
     num_eval_prompts: int = field(default=256, metadata={"help": "Held-out prompts per evaluation."})
     output_dir: str = field(default="", metadata={"help": "Default: runs/dpo-<mode>-seed<seed>."})
     save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
@@ -779,8 +779,8 @@ if __name__ == "__main__":
     torch.manual_seed(args.seed + rank)
 
     # tokenizer
-    toy_paths = toy_task.build(verbose=rank == 0) if "toy" in (args.model_name_or_path, args.dataset.split(":")[0],
-                                                             args.eval_prompts, args.reward_model.split("_")[0]) else None
+    toy_paths = toy_task.load() if "toy" in (args.model_name_or_path, args.dataset.split(":")[0],
+                                             args.eval_prompts, args.reward_model.split("_")[0]) else None
     model_path = toy_paths.model if args.model_name_or_path == "toy" else args.model_name_or_path
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=args.trust_remote_code)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
@@ -889,6 +889,8 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
 
     # the loop
+    if eval_prompts and args.eval_every and step == 0:  # the starting policy: every curve starts where training starts
+        log({"step": 0} | evaluate(policy, tokenizer, scorer, eval_prompts, args, rank, world))
     bar = tqdm(total=args.max_steps, initial=step, desc=f"dpo {mode}", disable=rank != 0, dynamic_ncols=True)
     while step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()

@@ -1,4 +1,4 @@
-"""The built-in toy task: 4-digit addition with a worked scratchpad, small enough for a laptop CPU.
+"""The built-in toy task: 3-digit addition with a worked scratchpad, small enough for a laptop CPU.
 
 Every training script defaults to it, every end-to-end test runs on it. It is a miniature of the
 paper's setting, built from real Hugging Face parts loaded by the same code paths as a real run:
@@ -8,8 +8,8 @@ paper's setting, built from real Hugging Face parts loaded by the same code path
   saved with `save_pretrained`: the *starting policy*;
 - prompts with train/test splits and a `solution` column (`datasets.load_dataset("json", ...)`);
 - offline preference data in TRL columns (`prompt, chosen, rejected` + scores), made the way the
-  paper's offline data was: 8 samples per prompt from *another* model, scored, best vs worst kept
-  when the score gap is at least tau;
+  paper's offline data was: samples from *another* model, scored, best vs worst kept when the
+  score gap is at least tau;
 - two scorers with TRL's reward-function signature: `verify` (exact, 1 or 0: GRPO's verifiable
   reward) and `reward` (graded, in [0, 1]: the paper's reward model).
 
@@ -34,13 +34,19 @@ signal needed to fix it. The offline data come from two other models:
 Their average token log-probability under the starting policy (the paper's data-quality proxy,
 stored per row as `chosen_ref_logp`/`rejected_ref_logp`) spans a range.
 
-Everything is built once, deterministically from `ToyConfig.seed`, into a cache directory
-(`$HUMANLINE_TOY_CACHE`, default `.cache/toy_task` next to this file), in a temporary directory that
-is renamed into place when complete, under a file lock (safe with several ranks). Run
+One canonical instance ships with the repository, in `toy/` next to this file: the starting policy
+(`save_pretrained` files), the prompt splits, both offline datasets and their statistics, with
+their SHA-256 digests in `toy/SHA256SUMS`. Every script loads it (`load()`, which checks the
+digests), so every machine trains from the same bytes. Building it from scratch is deterministic on
+one machine but not across CPUs: float32 rounding differs between SIMD code paths (AVX-512, AVX2,
+NEON, plain), and 300 SFT steps plus sampling turn that into a different task. `build()` builds an
+instance from a `ToyConfig` into a cache directory (the tests use it on a tiny configuration).
 
-    python toy_task.py              # build if needed, print model size, accuracy, data statistics
+    python toy_task.py              # check the committed instance and print its statistics
+    python toy_task.py --rebuild    # rebuild toy/ from scratch on this machine (about a minute)
 """
 
+import argparse
 import dataclasses
 import fcntl
 import hashlib
@@ -49,12 +55,14 @@ import math
 import os
 import random
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
 
 BUILD_VERSION = 1  # bump when the build changes, so that old caches are not reused
+INSTANCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy")  # the canonical instance, committed
 VOCAB = ["<pad>", "<eos>", "<unk>"] + list("0123456789+=;>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['content'] }}"
@@ -103,7 +111,7 @@ class ToyPaths:
     prompts_train: str  # jsonl: prompt, solution
     prompts_test: str
     offline: dict  # source name -> jsonl: prompt, chosen, rejected, scores, ref log-probs
-    sources: dict  # source name -> the model directory that sampled that offline data
+    sources: dict  # source name -> the model that sampled that data (built instances only; not shipped)
     stats: str  # json written at build time
 
 
@@ -391,24 +399,50 @@ def _build(root, cfg: ToyConfig, log):
             rejected_ref_logp=mean("rejected_ref_logp"),
         )
         log(f"offline data `{name}`: {len(rows)} pairs ({time.time() - t0:.1f}s)")
-    stats["build_seconds"] = time.time() - t0
+    log(f"built in {time.time() - t0:.1f}s")
     with open(os.path.join(root, "stats.json"), "w") as f:
         json.dump(stats, f, indent=2)
 
 
-def build(cache_dir=None, config: ToyConfig = ToyConfig(), verbose=True) -> ToyPaths:
-    """Build the toy task into `cache_dir` if it is not there yet, and return its paths.
-    Safe to call from several processes at once; a build that died halfway is never used."""
-    cache_dir = cache_dir or os.environ.get("HUMANLINE_TOY_CACHE") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), ".cache", "toy_task")
-    root = os.path.join(cache_dir, f"seed{config.seed}-{config.fingerprint()}")
-    paths = ToyPaths(
+def _paths(root) -> ToyPaths:
+    return ToyPaths(
         root=root, model=os.path.join(root, "model"),
         prompts_train=os.path.join(root, "prompts_train.jsonl"), prompts_test=os.path.join(root, "prompts_test.jsonl"),
         offline={n: os.path.join(root, f"offline_{n}.jsonl") for n in ("strong", "weak")},
         sources={n: os.path.join(root, f"source_{n}") for n in ("strong", "weak")},
         stats=os.path.join(root, "stats.json"),
     )
+
+
+def sha256(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def read_sums(root) -> dict:
+    """relative path -> SHA-256 digest, from `root/SHA256SUMS` (the format `sha256sum -c` reads)."""
+    with open(os.path.join(root, "SHA256SUMS")) as f:
+        return {name: digest for digest, name in (line.split(maxsplit=1) for line in f.read().splitlines() if line)}
+
+
+def load(root=INSTANCE_DIR) -> ToyPaths:
+    """The canonical toy instance that ships with the repository, every file checked against its digest."""
+    fix = "restore it with `git checkout -- toy`, or rebuild it with `python toy_task.py --rebuild`"
+    if not os.path.exists(os.path.join(root, "SHA256SUMS")):
+        raise SystemExit(f"{root}/SHA256SUMS is missing: {fix}")
+    changed = [n for n, d in read_sums(root).items() if not os.path.exists(os.path.join(root, n)) or sha256(os.path.join(root, n)) != d]
+    if changed:
+        raise SystemExit(f"{root}: {', '.join(changed)} missing or not matching SHA256SUMS: {fix}")
+    return _paths(root)
+
+
+def build(cache_dir=None, config: ToyConfig = ToyConfig(), verbose=True) -> ToyPaths:
+    """Build an instance from `config` into `cache_dir` if it is not there yet, and return its paths.
+    Safe to call from several processes at once; a build that died halfway is never used."""
+    cache_dir = cache_dir or os.environ.get("HUMANLINE_TOY_CACHE") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), ".cache", "toy_task")
+    root = os.path.join(cache_dir, f"seed{config.seed}-{config.fingerprint()}")
+    paths = _paths(root)
     complete = os.path.join(root, "COMPLETE")
     if os.path.exists(complete):
         return paths
@@ -418,7 +452,7 @@ def build(cache_dir=None, config: ToyConfig = ToyConfig(), verbose=True) -> ToyP
         if os.path.exists(complete):
             return paths
         log = print if verbose else (lambda *a: None)
-        log(f"building the toy task into {root} (once; about a minute on 2 CPU cores)")
+        log(f"building the toy task into {root} (about a minute on 2 CPU cores)")
         tmp = f"{root}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
@@ -434,12 +468,43 @@ def build(cache_dir=None, config: ToyConfig = ToyConfig(), verbose=True) -> ToyP
     return paths
 
 
+def rebuild(config: ToyConfig = ToyConfig(), root=INSTANCE_DIR, verbose=True) -> bool:
+    """Build `config` from scratch and install it as the instance in `root` (the source models, not
+    needed to train, are left out), with a fresh SHA256SUMS. True if it equals what was there."""
+    before = read_sums(root) if os.path.exists(os.path.join(root, "SHA256SUMS")) else {}
+    with tempfile.TemporaryDirectory() as cache:
+        built = build(cache, config, verbose)
+        tmp = root + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(built.model, os.path.join(tmp, "model"))
+        names = ["model/" + n for n in sorted(os.listdir(built.model))]
+        for path in (built.prompts_train, built.prompts_test, *built.offline.values(), built.stats):
+            shutil.copy(path, tmp)
+            names.append(os.path.basename(path))
+        with open(os.path.join(tmp, "SHA256SUMS"), "w") as f:
+            f.writelines(f"{sha256(os.path.join(tmp, n))}  {n}\n" for n in names)
+        shutil.rmtree(root, ignore_errors=True)
+        os.rename(tmp, root)
+    after = read_sums(root)
+    changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+    if verbose:
+        print(f"{root}: " + ("installed (there was none)" if not before else "identical to the instance that was there" if not changed else
+              f"{len(changed)} of {len(after)} files differ from the instance that was there ({', '.join(changed)}). "
+              "Expected on a CPU with other SIMD code paths than the one that built it: every figure in the README was "
+              "measured on the committed instance, which `git checkout -- toy` restores"))
+    return not changed
+
+
 def main():
-    paths = build()
+    parser = argparse.ArgumentParser(description="The built-in toy task: check the committed instance and print its statistics.")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild toy/ from scratch on this machine (about a minute)")
+    if parser.parse_args().rebuild:
+        rebuild()
+    paths = load()
     with open(paths.stats) as f:
         s = json.load(f)
-    print(f"toy task at {paths.root}")
-    print(f"  model: {s['params']:,} parameters, built in {s['build_seconds']:.1f}s")
+    print(f"toy task at {paths.root} (every file matches SHA256SUMS)")
+    print(f"  model: {s['params']:,} parameters")
     for name in ("policy", "strong", "weak"):
         print(f"  {name:7s} greedy test accuracy {s[f'{name}/test_accuracy']:.3f}, reward {s[f'{name}/test_reward']:.3f}")
     for name in ("strong", "weak"):

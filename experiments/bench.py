@@ -94,7 +94,7 @@ def random_llama(cache):
 
     import toy_task
 
-    tok = AutoTokenizer.from_pretrained(toy_task.build(verbose=False).model)
+    tok = AutoTokenizer.from_pretrained(toy_task.load().model)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1536, num_hidden_layers=9,
                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64, tie_word_embeddings=True,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
@@ -131,7 +131,7 @@ def worker(opts):
 
     m = importlib.import_module(SCRIPTS[opts.algo][:-3])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    toy = toy_task.build(verbose=False)
+    toy = toy_task.load()
     path = toy.model if opts.model_path == "toy" else opts.model_path
     tok = AutoTokenizer.from_pretrained(path)
     tok.pad_token = tok.pad_token or tok.eos_token

@@ -1,7 +1,7 @@
 """Reproduce the paper's comparisons on the built-in toy task: seeds, standard errors, p-values.
 
     python experiments/run.py                      # every suite (hours on 2 CPU cores; resumable)
-    python experiments/run.py --suite main         # one suite: main | offpolicy | ablations | quality | timing
+    python experiments/run.py --suite main         # one suite: main | offpolicy | ablations | quality | timing | lr
     python experiments/run.py --report             # only rebuild the tables and plots from finished runs
     python experiments/run.py --quick              # every configuration for 2 steps (a smoke test)
 
@@ -31,6 +31,12 @@ from scipy import stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "experiments", "results")
+
+
+# The committed main, off-policy, ablation and quality tables were measured at one shared learning rate, 2e-5 (the
+# scripts' default until it became the paper's 5e-6, see the `lr` suite); pinned so that this runner reproduces them
+SHARED_LR = ["--learning_rate", "2e-5"]
+LR_SWEEP = {"offline": (2.5e-6, 5e-6, 1e-5), "online": (2.5e-6, 5e-6)}  # the paper's 5e-6 (offline) / 2.5e-6 (online), 2x
 
 
 def suites(results):
@@ -99,7 +105,12 @@ def suites(results):
                  ["--humanline", "--dataset", f"toy:{source}", "--max_steps", "23"], 3) for source in ("weak", "strong")]
     # wall and CPU time of every main and off-policy variant, one run at a time on an otherwise idle machine
     timing = [(name, script, flags, 1) for name, script, flags, _ in main + offpolicy]
-    return {"main": main, "offpolicy": offpolicy, "ablations": ablations, "quality": quality, "timing": timing}
+    pinned = {name: [(n, script, SHARED_LR + flags, seeds) for n, script, flags, seeds in configs] for name, configs in
+              (("main", main), ("offpolicy", offpolicy), ("ablations", ablations), ("quality", quality), ("timing", timing))}
+    # the sweep behind the scripts' default learning rate: every main variant at the paper's rates and 2x them
+    lr = [(f"{name} lr {rate:g}", script, flags + ["--learning_rate", str(rate)], 3) for name, script, flags, _ in main
+          for rate in LR_SWEEP[name.split()[1].split("+")[0]]]
+    return pinned | {"lr": lr}
 
 
 def quartile_file(results, q):
@@ -112,7 +123,7 @@ def make_quartiles(results):
     sys.path.insert(0, ROOT)
     import toy_task
 
-    rows = [json.loads(line) for line in open(toy_task.build().offline["strong"])]
+    rows = [json.loads(line) for line in open(toy_task.load().offline["strong"])]
     rows.sort(key=lambda r: (r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2)
     os.makedirs(os.path.dirname(quartile_file(results, 1)), exist_ok=True)
     ranges = []
@@ -304,7 +315,7 @@ def starting_reward():
     sys.path.insert(0, ROOT)
     import toy_task
 
-    with open(toy_task.build().stats) as f:
+    with open(toy_task.load().stats) as f:
         return json.load(f)["policy/test_reward"]
 
 
@@ -338,6 +349,15 @@ def report(results, suite, configs, extra="", start=None):
                   "| comparison | reward difference | p (Welch) | p (Holm-Bonferroni) |", "|---|---|---|---|"]
         lines += [f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in tests]
     by = {r["config"]: r for r in rows}
+    if suite == "lr":  # one row per variant, one column per rate, and the rate that ends highest
+        rates = sorted({rate for v in LR_SWEEP.values() for rate in v})
+        lines += ["", f"Final held-out reward per learning rate (the starting policy: {start:.3f}):", "",
+                  "| variant | " + " | ".join(f"lr {r:g}" for r in rates) + " | best |", "|---" * (len(rates) + 2) + "|"]
+        for name in dict.fromkeys(r["config"].rsplit(" lr ", 1)[0] for r in rows):
+            cells = {rate: by.get(f"{name} lr {rate:g}") for rate in rates}
+            best = max((r for r in cells.values() if r), key=lambda r: r["reward"][0])
+            lines.append(f"| {name} | " + " | ".join(fmt(r["reward"]) if r else "" for r in cells.values())
+                         + f" | {best['config'].rsplit(' lr ', 1)[1]} |")
     if suite == "ablations":  # the data probe trains for 80 steps: every row (and the main DPO rows) at step 80
         main_rows = [r for r in summarize(results, "main", suites(results)["main"]) if r["config"].startswith("dpo")]
         lines += ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", "",
@@ -450,8 +470,9 @@ def plot(results, suite, rows, start=None):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default="all", choices=["all", "main", "offpolicy", "ablations", "quality", "timing"],
-                        help="timing: every main and off-policy variant once, one run at a time (for the time ratios)")
+    parser.add_argument("--suite", default="all", choices=["all", "main", "offpolicy", "ablations", "quality", "timing", "lr"],
+                        help="timing: every main and off-policy variant once, one run at a time (for the time ratios); "
+                             "lr: the learning-rate sweep behind the scripts' defaults")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each uses one CPU thread)")
     parser.add_argument("--seeds", type=int, default=0, help="override the number of seeds (0: the suite's)")
     parser.add_argument("--quick", action="store_true", help="every configuration, one seed, 2 steps")
@@ -461,11 +482,11 @@ def main():
     args = parser.parse_args()
     results = os.path.join(args.results, "quick") if args.quick else args.results
     all_suites = suites(results)
-    if args.quick:  # one seed, two steps (timing repeats main's and offpolicy's configurations: left out)
+    if args.quick:  # one seed, two steps (timing and lr repeat main's and offpolicy's configurations: left out)
         all_suites = {k: [(n, s, strip(f, "--max_steps") + ["--max_steps", "2"], 1) for n, s, f, _ in v]
-                      for k, v in all_suites.items() if k != "timing"}
-        if args.suite == "timing":
-            parser.error("--quick runs timing's configurations in main and offpolicy")
+                      for k, v in all_suites.items() if k not in ("timing", "lr")}
+        if args.suite in ("timing", "lr"):
+            parser.error(f"--quick runs {args.suite}'s configurations in main and offpolicy")
     chosen = list(all_suites) if args.suite == "all" else [args.suite]
     ranges = make_quartiles(results) if "quality" in chosen else None
     done = 0

@@ -1,4 +1,4 @@
-"""Shared fixtures: the built-in toy task, built once per test session (about a minute)."""
+"""Shared fixtures: the built-in toy task (the canonical instance committed in toy/)."""
 
 import os
 
@@ -12,4 +12,4 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 @pytest.fixture(scope="session")
 def toy() -> toy_task.ToyPaths:
-    return toy_task.build(verbose=False)
+    return toy_task.load()

@@ -389,7 +389,7 @@ def uninterrupted(toy, tmp_path_factory):
 def test_truncation_is_counted_and_reported(uninterrupted, tok):
     m = MODULES["dpo_humanline.py"]
     args = m.Args(max_length=40, max_prompt_length=20)
-    _, counts = m.encode_pairs(m.load_rows("toy", "train", m.toy_task.build(verbose=False), "preferences"), tok, args)
+    _, counts = m.encode_pairs(m.load_rows("toy", "train", m.toy_task.load(), "preferences"), tok, args)
     assert counts["truncated_completions"] > 0
     assert f"truncated: {counts | {'eval_truncated_prompts': 0}}" in uninterrupted[1]
 
