@@ -80,7 +80,7 @@ def suites(results):
                   for k in (2, 4, 8, 16)]
     ablations += [(f"dpo humanline clip [{lo}, {hi}]", "dpo_humanline.py",
                    ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)], 3)
-                  for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]  # SPEC Table 6
+                  for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]  # the paper's Table 6
     # regime probes: with k = 1 a token's log-ratio is one step's change (~0.002), far inside every Table 6 range, so
     # those rows cannot differ; ranges this tight make the clamp act on 3-9% of tokens
     ablations += [(f"dpo humanline clip [{-eps:g}, {eps:g}] (regime probe)", "dpo_humanline.py",
@@ -89,7 +89,7 @@ def suites(results):
                    ["--offline", "--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)], 3)
                   for algo in ("kto", "grpo") for eps in (0.01, 0.003)]
     ablations += [(f"dpo humanline lr {lr:g}", "dpo_humanline.py", ["--humanline", "--learning_rate", str(lr)], 3)
-                  for lr in (2e-6, 5e-6, 1e-5, 4e-5)]  # 0.1x to 2x the default 2e-5 (the SPEC allows 0.1x to 4x)
+                  for lr in (2e-6, 5e-6, 1e-5, 4e-5)]  # 0.1x to 2x the default 2e-5 (the paper allows 0.1x to 4x)
     ablations += [(f"dpo {mode} lr {lr:g}", "dpo_humanline.py", flags + ["--learning_rate", str(lr)], 3)
                   for mode, flags in (("offline", []), ("online", ["--online"])) for lr in (5e-6, 1e-5)]  # the same sweep, fairly
     # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts keeps

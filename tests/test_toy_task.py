@@ -216,3 +216,22 @@ def test_rebuild_installs_an_instance_with_its_digests(tmp_path):
     assert set(sums) == set(toy_task.read_sums(toy_task.INSTANCE_DIR))  # the same files as the committed instance
     assert toy_task.load(root).root == root
     assert toy_task.rebuild(TINY, root, verbose=False) is True  # deterministic on one machine
+
+
+@pytest.mark.parametrize("script", ["dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py"])
+def test_every_script_evaluates_the_starting_policy_at_step_0(script, toy, tmp_path):
+    """metrics.jsonl starts where training starts: a step-0 evaluation of the starting policy, equal to
+    scoring its greedy completions directly."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, script, "--max_steps", "1", "--batch_size", "4", "--micro_batch_size", "4",
+                           "--eval_every", "1", "--num_eval_prompts", "8", "--output_dir", str(out), "--save_every", "0"],
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert records[0]["step"] == 0 and "loss" not in records[0]
+    assert [r["step"] for r in records if "eval/reward" in r] == [0, 1]
+    prompts = [json.loads(line)["prompt"] for line in open(toy.prompts_test)][:8]
+    accuracy, reward = toy_task.accuracy(AutoModelForCausalLM.from_pretrained(toy.model).eval(),
+                                         AutoTokenizer.from_pretrained(toy.model), prompts)
+    assert records[0]["eval/reward"] == pytest.approx(reward, abs=1e-9)
+    assert records[0]["eval/accuracy"] == pytest.approx(accuracy, abs=1e-9)
