@@ -136,7 +136,7 @@ class Args:
     max_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
     batch_size: int = field(default=64, metadata={"help": "Examples per optimizer step, over all processes (a pair gives two)."})
     micro_batch_size: int = field(default=64, metadata={"help": "Examples per forward pass per process (plus as many KL pairs)."})
-    learning_rate: float = field(default=2e-5, metadata={"help": "Peak learning rate (paper: 5e-6 offline, 2.5e-6 online)."})
+    learning_rate: float = field(default=5e-6, metadata={"help": "Peak learning rate (paper: 5e-6 offline, 2.5e-6 online)."})
     warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup fraction, then linear decay to 0."})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     adam_eps: float = field(default=1e-5, metadata={"help": "AdamW epsilon."})

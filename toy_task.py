@@ -43,7 +43,7 @@ NEON, plain), and 300 SFT steps plus sampling turn that into a different task. `
 instance from a `ToyConfig` into a cache directory (the tests use it on a tiny configuration).
 
     python toy_task.py              # check the committed instance and print its statistics
-    python toy_task.py --rebuild    # rebuild toy/ from scratch on this machine (about a minute)
+    python toy_task.py --rebuild    # rebuild toy/ from scratch on this machine (1-2 minutes)
 """
 
 import argparse
@@ -497,7 +497,7 @@ def rebuild(config: ToyConfig = ToyConfig(), root=INSTANCE_DIR, verbose=True) ->
 
 def main():
     parser = argparse.ArgumentParser(description="The built-in toy task: check the committed instance and print its statistics.")
-    parser.add_argument("--rebuild", action="store_true", help="rebuild toy/ from scratch on this machine (about a minute)")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild toy/ from scratch on this machine (1-2 minutes on 2 CPU cores)")
     if parser.parse_args().rebuild:
         rebuild()
     paths = load()

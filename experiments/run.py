@@ -36,7 +36,8 @@ RESULTS = os.path.join(ROOT, "experiments", "results")
 # The committed main, off-policy, ablation and quality tables were measured at one shared learning rate, 2e-5 (the
 # scripts' default until it became the paper's 5e-6, see the `lr` suite); pinned so that this runner reproduces them
 SHARED_LR = ["--learning_rate", "2e-5"]
-LR_SWEEP = {"offline": (2.5e-6, 5e-6, 1e-5), "online": (2.5e-6, 5e-6)}  # the paper's 5e-6 (offline) / 2.5e-6 (online), 2x
+# the paper's online (2.5e-6) and offline (5e-6) rates; DPO's offline variants also at 2x the paper's (1e-5)
+LR_SWEEP = {"dpo offline": (2.5e-6, 5e-6, 1e-5), "dpo offline+humanline": (2.5e-6, 5e-6, 1e-5), "other": (2.5e-6, 5e-6)}
 
 
 def suites(results):
@@ -109,7 +110,7 @@ def suites(results):
               (("main", main), ("offpolicy", offpolicy), ("ablations", ablations), ("quality", quality), ("timing", timing))}
     # the sweep behind the scripts' default learning rate: every main variant at the paper's rates and 2x them
     lr = [(f"{name} lr {rate:g}", script, flags + ["--learning_rate", str(rate)], 3) for name, script, flags, _ in main
-          for rate in LR_SWEEP[name.split()[1].split("+")[0]]]
+          for rate in LR_SWEEP.get(name, LR_SWEEP["other"])]
     return pinned | {"lr": lr}
 
 
