@@ -1003,6 +1003,9 @@ if __name__ == "__main__":
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     args = HfArgumentParser(Args).parse_args_into_dataclasses(look_for_args_file=False)[0]
+    for flag in ("batch_size", "micro_batch_size", "max_steps"):  # a zero here would fail deep in the loop
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.offline and args.online:
         raise SystemExit("choose one of --offline and --online")
     args.offline = not args.online

@@ -90,7 +90,7 @@ def suites(results):
                    ["--offline", "--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)], 3)
                   for algo in ("kto", "grpo") for eps in (0.01, 0.003)]
     ablations += [(f"dpo humanline lr {lr:g}", "dpo_humanline.py", ["--humanline", "--learning_rate", str(lr)], 3)
-                  for lr in (2e-6, 5e-6, 1e-5, 4e-5)]  # 0.1x to 2x the default 2e-5 (the paper allows 0.1x to 4x)
+                  for lr in (2e-6, 5e-6, 1e-5, 4e-5)]  # 0.1x to 2x the shared 2e-5 (the paper allows 0.1x to 4x)
     ablations += [(f"dpo {mode} lr {lr:g}", "dpo_humanline.py", flags + ["--learning_rate", str(lr)], 3)
                   for mode, flags in (("offline", []), ("online", ["--online"])) for lr in (5e-6, 1e-5)]  # the same sweep, fairly
     # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts keeps
@@ -108,7 +108,7 @@ def suites(results):
     timing = [(name, script, flags, 1) for name, script, flags, _ in main + offpolicy]
     pinned = {name: [(n, script, SHARED_LR + flags, seeds) for n, script, flags, seeds in configs] for name, configs in
               (("main", main), ("offpolicy", offpolicy), ("ablations", ablations), ("quality", quality), ("timing", timing))}
-    # the sweep behind the scripts' default learning rate: every main variant at the paper's rates and 2x them
+    # the sweep behind the scripts' default learning rate: every main variant at the paper's two rates (LR_SWEEP)
     lr = [(f"{name} lr {rate:g}", script, flags + ["--learning_rate", str(rate)], 3) for name, script, flags, _ in main
           for rate in LR_SWEEP.get(name, LR_SWEEP["other"])]
     return pinned | {"lr": lr}
