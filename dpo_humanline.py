@@ -1,110 +1,68 @@
 """Offline, online and humanline DPO in one file.
 
-Humanline (Liu, Muennighoff, Ethayarajh 2025, https://arxiv.org/abs/2509.24207) makes two changes
-to an alignment objective so that offline data trains like online data:
+Humanline (Liu, Muennighoff, Ethayarajh 2025, https://arxiv.org/abs/2509.24207) makes two changes to an
+alignment objective so that offline data trains like online data:
+1. syncing: every `--sync_every` k steps, after the gradients are clipped and before `optimizer.step()`, the
+   reference takes the policy's weights (with k = 1 the reference is always the policy of the step before);
+2. clamping: each token's log-ratio log pi_theta - log pi_ref is clamped to [`--log_eps_P`, `--log_eps_R`] =
+   [-1.5, 1.5] before it enters the loss (a clamped token passes no gradient).
+`grep -n "HUMANLINE:" dpo_humanline.py` shows both.
 
-1. syncing: every `--sync_every` k steps, after the gradients are computed and clipped but before
-   `optimizer.step()`, the policy's weights are copied into the reference (so with k = 1 the
-   reference is always the policy of the previous step);
-2. clipping: each token's log-ratio log pi_theta - log pi_ref is clamped to
-   [`--log_eps_P`, `--log_eps_R`] = [-1.5, 1.5] before it enters the loss (no gradient outside).
+Modes: `--offline` (default; a fixed preference dataset, the reference frozen at the initial policy);
+`--online` (the paper's Algorithm 1: in rounds of `--round_size` prompts the reference is set to the policy,
+which samples `--num_samples` completions per prompt; (best, worst) by reward is kept when their gap is at
+least `--reward_threshold`); `--humanline` on either (= `--sync humanline --clip clamp`). Ablations: `--sync
+trust_region` (sync after the update), `--clip sampling` (Beta token rejection, humanline_sampling.py).
+The README explains the memory options (`--ref_free`, `--precompute_ref`), the deviations and the paper's runs.
 
-`grep -n HUMANLINE dpo_humanline.py` shows every line that exists because of them.
-
-Modes
-- `--offline` (default): a fixed preference dataset, the reference frozen at the initial policy.
-- `--online`: the paper's Algorithm 1. In rounds of `--round_size` prompts: set the reference to the
-  current policy, sample `--num_samples` completions per prompt from the policy, score them, keep
-  (best, worst) when their score gap is at least `--reward_threshold`, train on the round's pairs.
-- `--humanline` on top of either (= `--sync humanline --clip clamp`). Ablations: `--sync
-  trust_region` (copy *after* the optimizer step, TR-DPO), `--clip sampling` (Beta-based token
-  rejection, humanline_sampling.py), or either change alone.
-
-Memory and speed
-- Reference-free humanline, k = 1 (`--ref_free auto`: on with `--sync humanline --sync_every 1`): no reference
-  model. Syncing before each update makes the reference of step t + 1 the policy as it is during step t, so at the
-  start of step t the policy computes its log-probs of step t + 1's batch, and no copy is kept; at step 0 and when
-  an online round starts (reference <- policy) the reference is the policy itself. The same losses as two models
-  synced in place (`--ref_free off`), with one model's memory, no copy and the same forwards. After a step skipped
-  for a non-finite loss (no update, no sync) the reference is the unchanged policy, where two models would keep
-  the one before it.
-- `--precompute_ref` (offline, `--sync none`): the frozen reference is the initial policy, so its log-probs of
-  every training sequence are computed once before training (grouped by length) and no reference model is kept.
-- Each micro-batch is padded to its own longest sequence; generation uses the KV cache, `--generation_batch_size`
-  prompts per call. `experiments/bench.py` measures what each variant costs per step.
-
-Deviations from the paper
-- Defaults are for the built-in toy task (toy_task.py: a 0.6M-parameter Llama on 3-digit addition,
-  trained on a laptop CPU in minutes), so the learning rate is much larger than the paper's.
-  The paper's settings are in the commands below.
-- Training length is set in optimizer steps (`--max_steps`); offline data is cycled if needed and
-  online rounds are drawn until the step budget is spent. A round's pairs that do not fill a
-  whole batch are dropped.
-
-Commands
-    python dpo_humanline.py                              # offline DPO on the toy task (CPU, ~1 min)
-    python dpo_humanline.py --offline --humanline        # offline + humanline
-    python dpo_humanline.py --online --humanline         # online + humanline
-    torchrun --standalone --nproc_per_node 2 dpo_humanline.py --humanline   # FSDP2, gloo on CPU
-    # the paper's offline+humanline run (Llama3-8B-Instruct, UltraFeedback ArmoRM; 8 GPUs; not run here)
-    torchrun --standalone --nproc_per_node 8 dpo_humanline.py --offline --humanline \\
-        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct \\
-        --dataset princeton-nlp/llama3-ultrafeedback-armorm --dataset_split train \\
-        --eval_prompts none --learning_rate 5e-6 --max_grad_norm 1.0 --beta 0.1 \\
-        --batch_size 32 --micro_batch_size 1 --max_steps 312 --adam_eps 1e-5 \\
-        --max_prompt_length 1024 --max_length 3072
+    python dpo_humanline.py --offline --humanline                      # the toy task on a CPU, about a minute
+    torchrun --standalone --nproc_per_node 8 dpo_humanline.py --humanline \\
+        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm
 """
 
 import importlib
 import json
 import math
 import os
-import random
 import shutil
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from types import SimpleNamespace
+from typing import Literal, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser, set_seed
 
 import humanline_sampling
+import math_rewards
 import toy_task
 
 
 @dataclass
 class Args:
-    # --- mode ---
-    offline: bool = field(default=False, metadata={"help": "Train on a fixed preference dataset (the default mode)."})
+    # mode
+    offline: bool = field(default=False, metadata={"help": "Train on a fixed preference dataset (the default)."})
     online: bool = field(default=False, metadata={"help": "Algorithm 1: sample pairs from the policy in rounds."})
-    humanline: bool = field(default=False, metadata={"help": "Shorthand for --sync humanline --clip clamp."})
-    # --- model and data ---
+    humanline: bool = field(default=False, metadata={"help": "= --sync humanline --clip clamp."})
+    # model and data
     model_name_or_path: str = field(default="toy", metadata={"help": "'toy' (the built-in task) or a causal LM."})
-    dataset: str = field(default="toy", metadata={
-        "help": "Preference data (prompt, chosen, rejected): 'toy', 'toy:weak', a hub name or a local "
-                "json/jsonl/parquet file. Online mode uses only its prompts ('toy': the toy train prompts)."})
+    dataset: str = field(default="toy", metadata={"help": "prompt, chosen, rejected rows: 'toy', 'toy:weak', a hub name or a local file (online: its prompts)."})
     dataset_split: str = field(default="train", metadata={"help": "Split of --dataset."})
-    eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts for evaluation ('toy', a file or hub name, 'none')."})
-    reward_model: str = field(default="toy", metadata={
-        "help": "Scorer for online sampling and evaluation: 'toy' (graded), 'toy_verify' (exact), a sequence-"
-                "classification model path, or module:function (a Python reward function f(prompts, completions, "
-                "**columns) -> floats, imported from the working directory or PYTHONPATH)."})
+    eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts: 'toy', a hub name or local file, 'none'."})
+    reward_model: str = field(default="toy", metadata={"help": "Scorer: toy, toy_verify, accuracy, a reward model, or module:function."})
+    as_chat: bool = field(default=False, metadata={"help": "Wrap plain-string prompts as a user message (chat template)."})
+    system_prompt: str = field(default="", metadata={"help": "With --as_chat, a system message first ('r1': Open-R1's prompt)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
-    on_bad_reward: str = field(default="drop", metadata={
-        "help": "A sample whose reward is NaN, inf or None, or whose scorer raises: drop (the sample is left out and "
-                "counted: online/bad_rewards, eval/bad_rewards) | stop (the run stops, naming the prompt)."})
+    on_bad_reward: Literal["drop", "stop"] = field(default="drop", metadata={"help": "A NaN/None/raising reward: drop the sample (counted) or stop."})
     max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts keep their last tokens (counted)."})
     max_length: int = field(default=1024, metadata={"help": "Prompt + completion; longer completions are cut (counted)."})
-    precompute_ref: bool = field(default=False, metadata={
-        "help": "Offline with a frozen reference (--sync none): compute the reference's log-probs of every training "
-                "sequence once, before training (it is the initial policy), and keep no reference model in memory."})
-    # --- optimisation ---
+    # optimisation
     max_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
     batch_size: int = field(default=32, metadata={"help": "Preference pairs per optimizer step, over all processes."})
     micro_batch_size: int = field(default=32, metadata={"help": "Pairs per forward pass per process."})
@@ -113,23 +71,19 @@ class Args:
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     adam_eps: float = field(default=1e-5, metadata={"help": "AdamW epsilon."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
-    max_bad_steps: int = field(default=3, metadata={
-        "help": "A step whose loss or gradient is not finite is skipped (no update, counted in bad_steps); this many "
-                "in a row stop the run."})
+    max_bad_steps: int = field(default=3, metadata={"help": "Steps with a non-finite loss are skipped; this many in a row stop the run."})
     beta: float = field(default=0.1, metadata={"help": "DPO temperature."})
     seed: int = field(default=0, metadata={"help": "Random seed (data order, sampling)."})
-    # --- humanline ---
-    sync: str = field(default="none", metadata={"help": "Reference syncing: none | humanline (before the optimizer step) | trust_region (after it)."})
+    # humanline
+    sync: Optional[Literal["none", "humanline", "trust_region"]] = field(default=None, metadata={"help": "Reference syncing (default none): before the update, or after it."})
     sync_every: int = field(default=1, metadata={"help": "k: sync every k optimizer steps."})
-    clip: str = field(default="none", metadata={"help": "Token log-ratio clipping: none | clamp | sampling (Beta rejection)."})
+    clip: Optional[Literal["none", "clamp", "sampling"]] = field(default=None, metadata={"help": "Token log-ratio clipping (default none)."})
     log_eps_P: float = field(default=-1.5, metadata={"help": "Lower bound of the token log-ratio."})
     log_eps_R: float = field(default=1.5, metadata={"help": "Upper bound of the token log-ratio."})
-    sampling_c: float = field(default=humanline_sampling.DEFAULT_C, metadata={"help": "--clip sampling: Beta concentration c (large c = clamp)."})
-    ref_free: str = field(default="auto", metadata={
-        "help": "Reference-free humanline, k = 1: no reference model; just before each update the policy computes the "
-                "next step's reference log-probs (syncing would make it that step's reference). auto: on where it "
-                "applies (--sync humanline --sync_every 1) | on | off (two models, synced in place)."})
-    # --- online sampling ---
+    sampling_c: float = field(default=humanline_sampling.DEFAULT_C, metadata={"help": "--clip sampling: Beta concentration c."})
+    ref_free: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "No reference model with --sync humanline --sync_every 1 (auto: where it applies)."})
+    precompute_ref: bool = field(default=False, metadata={"help": "Offline, --sync none: the reference's log-probs computed once, no reference model."})
+    # online sampling
     round_size: int = field(default=256, metadata={"help": "Prompts per online round (paper: 1024)."})
     num_samples: int = field(default=8, metadata={"help": "Completions sampled per prompt."})
     temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
@@ -137,211 +91,98 @@ class Args:
     max_new_tokens: int = field(default=40, metadata={"help": "Longest sampled completion (paper: 2048)."})
     reward_threshold: float = field(default=0.01, metadata={"help": "tau: keep a pair only if best - worst >= tau."})
     generation_batch_size: int = field(default=64, metadata={"help": "Prompts per generate() call per process."})
-    # --- evaluation and checkpoints ---
+    # evaluation, checkpoints, distributed
     eval_every: int = field(default=20, metadata={"help": "Evaluate at step 0 and every N steps (0: only at the end)."})
     num_eval_prompts: int = field(default=256, metadata={"help": "Held-out prompts per evaluation."})
     output_dir: str = field(default="", metadata={"help": "Default: runs/dpo-<mode>-seed<seed>."})
     save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
     resume: bool = field(default=False, metadata={"help": "Continue from the newest checkpoint in --output_dir."})
     log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
-    # --- distributed ---
-    dist_timeout: int = field(default=1800, metadata={
-        "help": "Seconds a collective waits for the other processes: a dead process stops the run instead of hanging it."})
+    dist_timeout: int = field(default=1800, metadata={"help": "Seconds a collective waits: a dead process stops the run."})
 
 
-# ----------------------------------------------------------------------------------------------
-# ALGO LOGIC: the loss
-# ----------------------------------------------------------------------------------------------
-
-
+# ALGO LOGIC: the loss, on per-token log-probs (the paper, appendix C.1)
 def dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps,
              chosen_mask, rejected_mask, beta, log_eps_P=None, log_eps_R=None):
-    """DPO on per-token log-probs (appendix C.1): -log sigmoid(beta * (r_w - r_l)), r the summed token
-    log-ratios of a sequence. All tensors (batch, seq); masks are 1 on completion tokens.
-    HUMANLINE: with both bounds, each token log-ratio is clamped to [log_eps_P, log_eps_R] first
-    (a clamped token passes no gradient). Returns (losses (batch,), metrics)."""
+    """-log sigmoid(beta (r_w - r_l)), r the summed token log-ratios of a completion. Tensors (batch, seq), masks
+    1 on completion tokens. With both bounds each token's log-ratio is clamped first. Returns (losses, metrics)."""
     chosen_ratio = policy_chosen_logps - ref_chosen_logps
     rejected_ratio = policy_rejected_logps - ref_rejected_logps
-    if log_eps_P is not None and log_eps_R is not None:  # HUMANLINE: clip each token's log-ratio
-        chosen_ratio = chosen_ratio.clamp(log_eps_P, log_eps_R)
+    if log_eps_P is not None and log_eps_R is not None:
+        chosen_ratio = chosen_ratio.clamp(log_eps_P, log_eps_R)  # HUMANLINE: clamp each token's log-ratio
         rejected_ratio = rejected_ratio.clamp(log_eps_P, log_eps_R)
     r_w = (chosen_ratio * chosen_mask).sum(-1)
     r_l = (rejected_ratio * rejected_mask).sum(-1)
     logits = beta * (r_w - r_l)
-    losses = -F.logsigmoid(logits)
-    metrics = {
-        "rewards/chosen": beta * r_w.detach(),
-        "rewards/rejected": beta * r_l.detach(),
-        "rewards/margins": logits.detach(),
-        "rewards/accuracies": (logits.detach() > 0).float(),
-    }
-    return losses, metrics
+    metrics = {"rewards/chosen": beta * r_w.detach(), "rewards/rejected": beta * r_l.detach(),
+               "rewards/margins": logits.detach(), "rewards/accuracies": (logits.detach() > 0).float()}
+    return -F.logsigmoid(logits), metrics
 
 
-# HUMANLINE: the fraction of completion tokens whose log-ratio lies outside the clip range
 def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
+    """Per sequence, the fraction of its completion tokens whose log-ratio lies outside the clip range."""
     ratio = (policy_logps - ref_logps).detach()
-    outside = ((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask
-    return outside.sum(-1) / mask.sum(-1).clamp(min=1)
+    return (((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-# HUMANLINE: the reference takes the policy's weights: a local, in-place copy of each shard
 @torch.no_grad()
 def sync_reference(ref, policy):
-    if ref is None:  # HUMANLINE: reference-free k = 1 keeps no reference (the next step's log-probs were computed instead)
+    """The reference takes the policy's weights: a local copy of each shard, no communication."""
+    if ref is None:  # REF-FREE: no reference model (its log-probs were computed ahead by the policy)
         return
     for model in (ref, policy):
         if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a no-grad forward
             model.reshard()
     for r, p in zip(ref.parameters(), policy.parameters()):
-        local(r).copy_(local(p))
+        (r.to_local() if hasattr(r, "to_local") else r).copy_(p.to_local() if hasattr(p, "to_local") else p)
 
 
 def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_every, step, skip=False):
-    """Clip the gradients, then update; syncing every `sync_every` steps (step counted from 0):
-    `humanline` copies the policy into the reference *before* the update (the reference then holds
-    the pre-update weights), `trust_region` (TR-DPO, the ablation) *after* it. Returns the grad norm.
-    With `skip` (a non-finite loss) or a non-finite grad norm, the gradients are dropped and nothing
-    else happens: no update, no sync, no scheduler step (the caller counts the bad step)."""
+    """Clip the gradients, then update. Every k-th step (counted from 0) `humanline` syncs the reference *before*
+    the update (it then holds the pre-update weights), `trust_region` (TR-DPO, the ablation) *after* it. With
+    `skip` (a non-finite loss) or a non-finite grad norm nothing happens but dropping the gradients."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # the same on every process
-    if skip or not torch.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
-        return grad_norm
-    due = (step + 1) % sync_every == 0
-    if sync == "humanline" and due:
-        sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the step
-    optimizer.step()
-    scheduler.step()
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    if not skip and torch.isfinite(grad_norm):
+        due = (step + 1) % sync_every == 0
+        if sync == "humanline" and due:
+            sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the update
+        optimizer.step()
+        scheduler.step()
+        if sync == "trust_region" and due:
+            sync_reference(ref, policy)
     optimizer.zero_grad(set_to_none=True)
-    if sync == "trust_region" and due:
-        sync_reference(ref, policy)
     return grad_norm
 
 
-def local(t):
-    """The local shard of an FSDP2 parameter (DTensor), or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-# ----------------------------------------------------------------------------------------------
-# Data: validation, chat templates, tokenisation, collation
-# ----------------------------------------------------------------------------------------------
-
-
-def as_text(value, row, column, tokenizer, prompt=None, allow_empty=False):
-    """A prompt or completion as text: plain strings as they are; conversational lists of
-    {"role", "content"} through the chat template (completions after their prompt). Only sampled
-    completions (online rounds) may be empty."""
-    where = f"row {row}, column '{column}'"
-    if value is None:
-        raise ValueError(f"{where}: missing")
-    if isinstance(value, str):
-        if not value.strip() and not allow_empty:
-            raise ValueError(f"{where}: empty text")
-        return value if prompt is None else value + tokenizer.eos_token
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}")
-    for m in value:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-            raise ValueError(f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}")
-        if not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}: message content must be a string, got {m.get('content')!r}")
-    if prompt is None:
-        return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
-    if not isinstance(prompt, list):
-        raise ValueError(f"{where}: a conversational completion needs a conversational prompt")
-    prefix = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    full = tokenizer.apply_chat_template(prompt + value, tokenize=False)
-    return full[len(prefix):]
-
-
-def prompt_ids(tokenizer, prompt_text):
-    """A prompt's token ids, the same for training and generation: the tokenizer's special tokens
-    (e.g. BOS) are added unless the chat template already wrote them."""
-    add_special = not (tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token))
-    return tokenizer(prompt_text, add_special_tokens=add_special)["input_ids"]
-
-
-def encode(tokenizer, prompt_text, completion_texts, args, counts):
-    """Token ids of a prompt and its completions. Truncation policy: the prompt keeps its last
-    --max_prompt_length tokens, each completion its first (--max_length - prompt) tokens; both are
-    counted (once per prompt, once per completion) and reported."""
-    p, limit = prompt_ids(tokenizer, prompt_text), min(args.max_prompt_length, args.max_length - 1)
-    if len(p) > limit:
-        p, counts["truncated_prompts"] = p[-limit:], counts["truncated_prompts"] + 1
-    completions = []
-    for text in completion_texts:
-        c = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(p) + len(c) > args.max_length:
-            c, counts["truncated_completions"] = c[: args.max_length - len(p)], counts["truncated_completions"] + 1
-        completions.append(c)
-    return p, completions
-
-
-def check_prompts(prompts, tokenizer, args, source):
-    """Prompts for sampling or evaluation, each checked before training (as_text names a bad row); counts
-    those longer than --max_prompt_length, which sampling cuts to their last tokens."""
-    counts = {"truncated_prompts": 0}
-    for i, prompt in enumerate(prompts):
-        try:
-            text = as_text(prompt, i, "prompt", tokenizer)
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
-        counts["truncated_prompts"] += len(prompt_ids(tokenizer, text)) > args.max_prompt_length
-    return counts
-
-
-def encode_pairs(rows, tokenizer, args, sampled=False):
-    """Validated, tokenised preference pairs: list of (prompt_ids, chosen_ids, rejected_ids)."""
-    counts = {"truncated_prompts": 0, "truncated_completions": 0}
-    pairs = []
-    for i, row in enumerate(rows):
-        for column in ("prompt", "chosen", "rejected"):
-            if column not in row or row[column] is None:
-                raise ValueError(f"row {i}: missing column '{column}' (preference data needs prompt, chosen, rejected)")
-        prompt = as_text(row["prompt"], i, "prompt", tokenizer)
-        chosen = as_text(row["chosen"], i, "chosen", tokenizer, prompt=row["prompt"], allow_empty=sampled)
-        rejected = as_text(row["rejected"], i, "rejected", tokenizer, prompt=row["prompt"], allow_empty=sampled)
-        if chosen == rejected:
-            raise ValueError(f"row {i}, columns 'chosen'/'rejected': identical completions")
-        p, (c, r) = encode(tokenizer, prompt, [chosen, rejected], args, counts)
-        pairs.append((p, c, r))
-    return pairs, counts
-
-
+# batching and log-probs
 def offline_batch(examples, step, batch_size, seed):
-    """The offline batch of a step: a fixed permutation per epoch, so a step's batch depends on the step only
-    (--precompute_ref and --ref_free rely on it)."""
-    per_epoch = len(examples) // batch_size
-    epoch, pos = divmod(step, per_epoch)
+    """A step's offline batch: one fixed permutation per epoch, so the batch depends on the step only."""
+    epoch, pos = divmod(step, len(examples) // batch_size)
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + epoch))
     return [examples[i] for i in order[pos * batch_size: (pos + 1) * batch_size].tolist()]
 
 
 def micro_batches(batch, args, rank, world):
-    """This process's share of a step's sequences, in micro-batches: the layout of every training forward."""
+    """This process's share of a step's batch, in micro-batches of --micro_batch_size."""
     mine = batch[rank * len(batch) // world: (rank + 1) * len(batch) // world]
     return [mine[i: i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
 
 
 def forward_batches(batch, args, rank, world):
-    """ALGO LOGIC: this process's forwards of a step's batch: per micro-batch, (its pairs, the (prompt_ids,
-    completion_ids) sequences of its one forward per model: the chosen completions, then the rejected ones)."""
+    """ALGO LOGIC: per micro-batch, (its pairs, the (prompt_ids, completion_ids) of its one forward per model:
+    the chosen completions, then the rejected ones)."""
     return [(pairs, [(p, c) for p, c, _ in pairs] + [(p, r) for p, _, r in pairs])
             for pairs in micro_batches(batch, args, rank, world)]
 
 
 def collate(sequences, pad_id, device):
-    """Right-padded (input_ids, attention_mask, loss_mask) for (prompt_ids, completion_ids) pairs,
-    padded to the longest sequence of this micro-batch only."""
+    """(input_ids, attention_mask, loss_mask), right-padded to this micro-batch's longest sequence."""
     width = max(len(p) + len(c) for p, c in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attn = torch.zeros(len(sequences), width, dtype=torch.long)
-    loss_mask = torch.zeros(len(sequences), width)
+    attn, loss_mask = torch.zeros(len(sequences), width, dtype=torch.long), torch.zeros(len(sequences), width)
     for j, (p, c) in enumerate(sequences):
-        ids[j, : len(p) + len(c)] = torch.tensor(p + c)
-        attn[j, : len(p) + len(c)] = 1
+        ids[j, : len(p) + len(c)], attn[j, : len(p) + len(c)] = torch.tensor(p + c), 1
         loss_mask[j, len(p): len(p) + len(c)] = 1
     return ids.to(device), attn.to(device), loss_mask.to(device)
 
@@ -349,127 +190,370 @@ def collate(sequences, pad_id, device):
 def token_logps(model, input_ids, attention_mask, loss_mask):
     """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    labels = input_ids[:, 1:, None]
-    logps = logits.gather(-1, labels).squeeze(-1) - logits.logsumexp(-1)
+    logps = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)
     return logps * loss_mask[:, 1:]
 
 
-def completion_values(values, sequences, like):
-    """Per-sequence completion-token values (e.g. recorded log-probs) laid out like token_logps' output."""
-    out = torch.zeros_like(like)
-    for j, ((p, c), v) in enumerate(zip(sequences, values)):
-        out[j, len(p) - 1: len(p) + len(c) - 1] = v
-    return out
+def best_worst_pairs(groups, threshold):
+    """ALGO LOGIC: Algorithm 1's pairing: per prompt, (best, worst) of its scored samples if best - worst >= tau.
+    groups: (prompt row, completions, scores); a None score (a bad reward) is left out."""
+    rows = []
+    for row, completions, scores in groups:
+        ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
+        if len(ranked) >= 2 and ranked[-1][0] - ranked[0][0] >= threshold and ranked[-1][1] != ranked[0][1]:
+            rows.append({**row, "chosen": ranked[-1][1], "rejected": ranked[0][1],
+                         "score_chosen": ranked[-1][0], "score_rejected": ranked[0][0]})
+    return rows
 
 
-def sequence_key(prompt_ids, completion_ids):
-    """A dictionary key of a (prompt_ids, completion_ids) sequence: the prompt length and a hash of the tokens."""
-    return len(prompt_ids), hash(tuple(prompt_ids) + tuple(completion_ids))
+def main():
+    args = parse_args(Args, "dpo", ref_free_online=True, checks=lambda a: [
+        (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
+        (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}")])
+    rt = setup(args)  # processes, device, seeds
+    tokenizer, toy = load_tokenizer(args)
+
+    # data: every row is checked before any model loads, so that bad data stops a run in seconds
+    if args.offline:
+        train_pairs = [(p, c, r) for p, (c, r), _ in load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size)]
+    else:
+        train_prompts = load_data(args, "prompts", tokenizer, toy, rt, need=args.round_size)
+    eval_prompts = load_data(args, "eval", tokenizer, toy, rt)
+
+    # models: the policy, its reference (sharded exactly like it), the scorer; optimizer and schedule
+    policy = load_model(args, toy, rt).train()
+    ref = None if args.ref_free == "on" or args.precompute_ref else load_model(args, toy, rt).eval().requires_grad_(False)
+    scorer = make_scorer(args.reward_model, args, rt) if args.online or eval_prompts else None
+    optimizer, scheduler = make_optimizer(policy, args)
+    sampling_params = humanline_sampling.limit_parameters(math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c)
+    sampling_gen = torch.Generator(rt.device).manual_seed(args.seed + rt.rank)
+    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead=None, bad_steps=0)
+
+    def step_batch(s):
+        """Step s's pairs: offline a function of s alone; online a slice of the current round (None past its end)."""
+        if args.offline:
+            return offline_batch(train_pairs, s, args.batch_size, args.seed)
+        i = s - state.round_start
+        return state.round[i * args.batch_size: (i + 1) * args.batch_size] if i < len(state.round) // args.batch_size else None
+
+    ref_cache = precompute_ref(policy, [forward_batches(step_batch(s), args, rt.rank, rt.world) for s in range(args.max_steps)],
+                               tokenizer, rt) if args.precompute_ref else None
+    session = Session(args, rt, "dpo", tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state)  # resumes
+    evaluate_policy = (lambda: evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)) if eval_prompts else None
+    if evaluate_policy and args.eval_every and state.step == 0:  # every curve starts at the starting policy
+        session.log({"step": 0} | evaluate_policy())
+
+    while state.step < args.max_steps:
+        t0, cpu0 = time.time(), time.process_time()
+        if args.online and step_batch(state.step) is None:
+            # ALGO LOGIC: a new round of Algorithm 1: reference <- policy, sample, score, pair
+            sync_reference(ref, policy)
+            rows = [train_prompts[i] for i in round_prompts(len(train_prompts), args.round_size, state.round_index, args.seed)]
+            groups, record = sample_and_score(policy, tokenizer, [(args.reward_model, 1.0, scorer)], rows,
+                                              args.num_samples, args, args.seed + state.round_index, rt)
+            pairs = best_worst_pairs(groups, args.reward_threshold)
+            encoded, truncated = encode_rows(pairs, tokenizer, args, "sampled", sampled=True)
+            state.round_index, state.round_start = state.round_index + 1, state.step
+            shuffle = torch.Generator().manual_seed(1_000_003 * (args.seed + 1) + state.round_index)
+            state.round = [(encoded[i][0], *encoded[i][1]) for i in torch.randperm(len(encoded), generator=shuffle).tolist()]
+            session.log({"step": state.step, "online/round": state.round_index, **record, "online/pairs": len(pairs),
+                         "online/kept_frac": len(pairs) / len(rows), "online/truncated_completions": truncated["completions"],
+                         "online/seconds": time.time() - t0})
+            if len(pairs) < args.batch_size:
+                raise SystemExit(f"round {state.round_index} kept {len(pairs)} pairs, fewer than one batch; "
+                                 "raise --round_size or lower --reward_threshold")
+            continue
+        if args.ref_free == "on":  # REF-FREE: syncing would make the policy as it is now the next step's reference:
+            # its log-probs of the next batch, computed before gradients take memory (none when a round ends)
+            upcoming = step_batch(state.step + 1) if state.step + 1 < args.max_steps else None
+            ref_next = None if upcoming is None else no_grad_logps(
+                policy, [s for _, s in forward_batches(upcoming, args, rt.rank, rt.world)], tokenizer, rt)
+
+        sums = {}
+        for micro, (pairs, sequences) in enumerate(forward_batches(step_batch(state.step), args, rt.rank, rt.world)):
+            # ALGO LOGIC: one forward per model on chosen and rejected concatenated
+            ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
+            if rt.distributed:
+                policy.set_requires_gradient_sync(micro == rt.grad_accum - 1)  # reduce-scatter once per step
+            with rt.autocast:
+                with torch.no_grad():
+                    ref_logps = token_logps(ref, ids, attn, mask) if ref is not None else None
+                policy_logps = token_logps(policy, ids, attn, mask)
+            if ref is None:  # REF-FREE / --precompute_ref: the reference's log-probs were computed ahead
+                ref_logps = logps_ahead(ref_cache, state.ref_ahead, micro, sequences, policy_logps)
+            mask = mask[:, 1:]
+            bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
+            if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached instead of clamped
+                policy_logps, _ = humanline_sampling.apply_humanline_sampling(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
+            n = len(pairs)
+            losses, metrics = dpo_loss(policy_logps[:n], policy_logps[n:], ref_logps[:n], ref_logps[n:],
+                                       mask[:n], mask[n:], args.beta, *bounds)
+            (losses.sum() * rt.world / args.batch_size).backward()
+            accumulate(sums, metrics | {
+                "loss": losses.detach(), "tokens": mask.sum(),
+                "humanline/clamped_frac": clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R),
+                "logps/chosen": policy_logps[:n].detach().sum(-1) / mask[:n].sum(-1),
+                "logps/rejected": policy_logps[n:].detach().sum(-1) / mask[n:].sum(-1)})
+
+        skip, stop = session.agree(sums)  # a non-finite loss skips the step; a SIGTERM stops after it
+        if args.ref_free == "on":
+            state.ref_ahead = ref_next  # REF-FREE
+        lr = scheduler.get_last_lr()[0]
+        grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every,
+                                   state.step, skip=skip)
+        session.end_step(sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy)
+    session.finish()
 
 
-@torch.no_grad()
-def no_grad_logps(model, forwards, pad_id, device, autocast, per_sequence=False, desc=None):
-    """token_logps of each forward's (prompt_ids, completion_ids) sequences, collated as training collates them,
-    without gradient and in eval mode (as the reference runs), then back in training mode; with `per_sequence`,
-    each sequence's completion-token log-probs on the CPU instead. FSDP2 keeps the root's parameters gathered
-    after a no-grad forward: they are resharded, so that the next update reaches them."""
-    model.eval()
-    out = []
-    for sequences in tqdm(forwards, desc=desc, disable=desc is None, leave=False, dynamic_ncols=True):
-        with autocast:
-            logps = token_logps(model, *collate(sequences, pad_id, device))
-        out.append([logps[j, len(p) - 1: len(p) + len(c) - 1].cpu() for j, (p, c) in enumerate(sequences)] if per_sequence else logps)
-    model.train()
-    if hasattr(model, "reshard"):
-        model.reshard()
-    return out
+# ============ TRY NOT TO MODIFY: everything below is plumbing, identical in the three scripts (tests/test_layout.py) ============
 
 
-def precompute_logps(model, sequences, rows, pad_id, device, autocast, rank, world):
-    """--precompute_ref: the completion-token log-probs under `model` (before training: the frozen reference) of
-    each distinct (prompt_ids, completion_ids) sequence, {sequence_key: 1-D CPU tensor}, computed once, `rows`
-    sequences per forward, grouped by length (little padding). Every process runs as many forwards (FSDP2)."""
-    unique = sorted({sequence_key(p, c): (p, c) for p, c in sequences}.items(), key=lambda kv: len(kv[1][0]) + len(kv[1][1]))
-    chunks = [unique[i: i + rows] for i in range(0, len(unique), rows)]
-    n = torch.tensor(len(chunks))
-    if world > 1:
-        dist.all_reduce(n, op=dist.ReduceOp.MAX)
-    chunks += chunks[-1:] * (int(n) - len(chunks))  # the same number of forwards on every process
-    values = no_grad_logps(model, [[s for _, s in chunk] for chunk in chunks], pad_id, device, autocast,
-                           per_sequence=True, desc="reference log-probs" if rank == 0 else None)
-    return {key: v for chunk, vs in zip(chunks, values) for (key, _), v in zip(chunk, vs)}
+def parse_args(Args, name, ref_free_online, checks):
+    """Parse the flags, derive the mode, check every argument: a bad one stops the run with one line naming it."""
+    args = HfArgumentParser(Args).parse_args_into_dataclasses(look_for_args_file=False)[0]
+    explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
+    fail(args.humanline and explicit, f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline")
+    fail(args.offline and args.online, "choose one of --offline and --online")
+    args.offline = not args.online
+    args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
+    ref_free_applies = args.sync == "humanline" and args.sync_every == 1 and (args.offline or ref_free_online)
+    fail(args.ref_free == "on" and not ref_free_applies, "--ref_free on needs --sync humanline --sync_every 1"
+         + ("" if ref_free_online else " and --offline (online, the next batch is sampled after the update)"))
+    args.ref_free = "on" if ref_free_applies and args.ref_free != "off" else "off"
+    for flag in ("max_steps", "batch_size", "micro_batch_size", "sync_every", "max_bad_steps", "round_size", "max_new_tokens",
+                 "generation_batch_size", "num_eval_prompts", "log_every", "max_prompt_length", "dist_timeout"):
+        fail(getattr(args, flag) < 1, f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    for flag in ("learning_rate", "adam_eps", "max_grad_norm", "temperature", "sampling_c"):
+        fail(not getattr(args, flag) > 0, f"--{flag} must be above 0, got {getattr(args, flag)}")
+    for flag in ("eval_every", "save_every", "weight_decay"):
+        fail(getattr(args, flag) < 0, f"--{flag} must be at least 0, got {getattr(args, flag)}")
+    fail(not 0 <= args.warmup_ratio < 1, f"--warmup_ratio must be in [0, 1), got {args.warmup_ratio}")
+    fail(not 0 < args.top_p <= 1, f"--top_p must be in (0, 1], got {args.top_p}")
+    fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}")
+    fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
+    fail(args.precompute_ref and (args.online or args.sync != "none"), "--precompute_ref needs --offline and --sync none (a reference that never changes)")
+    for flag in ("model_name_or_path", "dataset", "eval_prompts", "reward_model"):
+        value = getattr(args, flag)
+        fail(looks_local(value) and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
+    for bad, message in checks(args):
+        fail(bad, message)
+    mode = ("online" if args.online else "offline") + ("-humanline" if args.humanline else "")
+    if not args.humanline and (args.sync != "none" or args.clip != "none"):
+        mode += f"-sync_{args.sync}-clip_{args.clip}"
+    args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}-seed{args.seed}")
+    return args
 
 
-def load_rows(name, split, toy_paths, kind):
-    """Rows of a dataset: 'toy' names, a local file, or a hub dataset."""
+def fail(condition, message):
+    if condition:
+        raise SystemExit(message)
+
+
+def looks_local(name):
+    """A path rather than a hub name or a built-in: it starts with ., / or ~, or ends with a data file's extension."""
+    return name.startswith((".", "/", "~")) or os.path.splitext(name)[1] in (".json", ".jsonl", ".parquet", ".csv", ".py")
+
+
+def setup(args):
+    """Processes (torchrun sets RANK/WORLD_SIZE; otherwise one), device and seeds."""
+    distributed = "RANK" in os.environ
+    if distributed:  # a dead or hung peer raises after --dist_timeout, never hangs
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=args.dist_timeout))
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    fail(args.batch_size % (args.micro_batch_size * world), f"--batch_size {args.batch_size} must be a multiple of "
+         f"--micro_batch_size x processes = {args.micro_batch_size} x {world}")
+    set_seed(args.seed + rank)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and not distributed)
+    return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast,
+                           grad_accum=args.batch_size // (args.micro_batch_size * world))
+
+
+def load_tokenizer(args):
+    uses_toy = any(v == "toy" or v.startswith("toy:") or v in ("toy_verify",) for v in (args.model_name_or_path, args.dataset, args.eval_prompts, args.reward_model))
+    toy = toy_task.load() if uses_toy else None
+    tokenizer = pretrained(AutoTokenizer, toy.model if args.model_name_or_path == "toy" else args.model_name_or_path, args)
+    tokenizer.pad_token, tokenizer.padding_side = tokenizer.pad_token or tokenizer.eos_token, "right"
+    return tokenizer, toy
+
+
+def pretrained(cls, name, args, **kwargs):
+    try:
+        return cls.from_pretrained(name, trust_remote_code=args.trust_remote_code, **kwargs)
+    except (OSError, ValueError) as e:  # not found, no network, not a model of that kind
+        raise SystemExit(f"{name}: {str(e).strip().splitlines()[0]}") from None
+
+
+def load_model(args, toy, rt):
+    """The policy (or a copy for the reference): fp32 weights; with several processes FSDP2, each decoder layer a
+    shard group, bf16 compute on CUDA."""
+    model = pretrained(AutoModelForCausalLM, toy.model if args.model_name_or_path == "toy" else args.model_name_or_path,
+                       args, dtype=torch.float32).to(rt.device)
+    if rt.distributed:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if rt.device.type == "cuda" else MixedPrecisionPolicy()
+        for module in model.modules():
+            if type(module).__name__ in (model._no_split_modules or []):
+                fully_shard(module, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    return model
+
+
+def make_optimizer(policy, args):
+    """AdamW; linear warmup over --warmup_ratio of the steps, then linear decay to 0."""
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
+    warmup = max(1, int(args.warmup_ratio * args.max_steps))
+    decay = lambda s: min((s + 1) / warmup, max(0.0, (args.max_steps - s) / max(1, args.max_steps - warmup)))  # noqa: E731
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
+
+
+# data
+def load_data(args, kind, tokenizer, toy, rt, need=1):
+    """kind 'preferences': encoded rows of --dataset (encode_rows); 'prompts', 'eval': checked prompt rows of
+    --dataset or --eval_prompts (at most --num_eval_prompts). Any bad row stops the run, naming file, row, column;
+    so do fewer than `need` rows."""
+    name = args.eval_prompts if kind == "eval" else args.dataset
+    if name == "none" and kind == "eval":
+        return []
+    if name == "toy" or name.startswith("toy:"):
+        source = name.partition(":")[2] or "strong"
+        fail(source not in toy.offline, f"{name}: the toy datasets are toy (= toy:strong) and toy:weak")
+        name = {"preferences": toy.offline[source], "examples": toy.offline[source], "prompts": toy.prompts_train, "eval": toy.prompts_test}[kind]
     import datasets
 
-    if name.startswith("toy"):
-        source = name.split(":")[1] if ":" in name else "strong"
-        files = {"preferences": toy_paths.offline[source], "prompts": toy_paths.prompts_train, "eval": toy_paths.prompts_test}
-        name, split = files[kind], "train"
-    if os.path.isfile(name):  # a local file has a single split; plain data formats only, nothing is unpickled
-        builder = {"json": "json", "jsonl": "json", "parquet": "parquet", "csv": "csv"}.get(os.path.splitext(name)[1].lstrip("."))
-        if builder is None:
-            raise SystemExit(f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
-        try:
-            ds = datasets.load_dataset(builder, data_files=name, split="train")
-        except datasets.exceptions.DatasetGenerationError as e:  # e.g. malformed JSON: the cause names the line
-            raise SystemExit(f"{name}: {e.__cause__ or e}") from None
+    datasets.disable_progress_bars()
+    try:
+        if os.path.isfile(name):  # a local file: plain data formats only, nothing is unpickled
+            builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(os.path.splitext(name)[1])
+            fail(builder is None, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
+            rows = datasets.load_dataset(builder, data_files=name, split="train").to_list()
+        else:
+            rows = datasets.load_dataset(name, split="test" if kind == "eval" else args.dataset_split).to_list()
+    except Exception as e:  # noqa: BLE001 (malformed file, unknown dataset, no network: one line)
+        cause = e.__cause__ or e
+        raise SystemExit(f"{name}: {type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}") from None
+    fail(len(rows) < need, f"{name}: {len(rows)} rows, fewer than the {need} that one batch or round takes" if rows else f"{name}: no rows")
+    if kind in ("preferences", "examples"):
+        encoded, cut = encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
     else:
-        ds = datasets.load_dataset(name, split=split)
-    return ds.to_list()
+        encoded = [prompt_row(r, i, args, name) for i, r in enumerate(rows)][: args.num_eval_prompts if kind == "eval" else None]
+        cut = {"prompts": sum(len(prompt_ids(tokenizer, as_text(r["prompt"], i, "prompt", tokenizer, name))) > args.max_prompt_length
+                              for i, r in enumerate(encoded))}
+    if any(cut.values()) and rt.rank == 0:
+        print(f"{name}: truncated {cut} (see --max_prompt_length, --max_length)")
+    return encoded
 
 
-# ----------------------------------------------------------------------------------------------
-# ALGO LOGIC: sampling, scoring and pairing (online rounds and evaluation)
-# ----------------------------------------------------------------------------------------------
+def prompt_row(row, i, args, source):
+    """A prompt row: 'prompt' (or a math dataset's 'problem'), wrapped as a conversation with --as_chat, with the
+    row's other columns (e.g. solution), which go to every scorer."""
+    prompt = row.get("prompt", row.get("problem"))
+    fail(prompt is None, f"{source}: row {i}: missing column 'prompt' (or 'problem')")
+    if args.as_chat and isinstance(prompt, str):
+        system = math_rewards.SYSTEM_PROMPTS.get(args.system_prompt, args.system_prompt)
+        prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return {**row, "prompt": prompt}
 
 
-def make_scorer(name, tokenizer, device, args):
-    """reward(prompts, completions) -> list of floats: a built-in function, a Python function named
-    module:function (code the user chose to run, imported from the working directory or PYTHONPATH), or a
-    reward model."""
-    builtin = {"toy": toy_task.reward, "toy_verify": toy_task.verify}
+def as_text(value, row, column, tokenizer, source, prompt=None, allow_empty=False):
+    """A prompt or completion as text: strings as they are (a completion gets the end token); lists of
+    {"role", "content"} through the chat template (a completion after its prompt). Only samples may be empty."""
+    where = f"{source}: row {row}, column '{column}'"
+    fail(value is None, f"{where}: missing")
+    if isinstance(value, str):
+        fail(not value.strip() and not allow_empty, f"{where}: empty text")
+        return value if prompt is None else value + tokenizer.eos_token
+    fail(not isinstance(value, list) or not value, f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}")
+    for m in value:
+        fail(not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"),
+             f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}")
+        fail(not isinstance(m.get("content"), str), f"{where}: message content must be a string, got {m.get('content')!r}")
+    if prompt is None:
+        return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+    fail(not isinstance(prompt, list), f"{where}: a conversational completion needs a conversational prompt")
+    prefix = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(prompt + value, tokenize=False)[len(prefix):]
+
+
+def prompt_ids(tokenizer, prompt_text):
+    """A prompt's token ids, the same in training and generation: special tokens (BOS) unless the template wrote them."""
+    return tokenizer(prompt_text, add_special_tokens=not (tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token)))["input_ids"]
+
+
+def encode_rows(rows, tokenizer, args, source, unpaired_ok=False, sampled=False):
+    """Checked, tokenised rows: (prompt_ids, [completion_ids], labels). A preference row (prompt, chosen, rejected)
+    gives [chosen, rejected] labelled [True, False]; an unpaired row (prompt, completion, label; if unpaired_ok)
+    [completion], [label]; a sampled group (prompt, completions) its completions. The prompt keeps its last
+    --max_prompt_length tokens, a completion its first --max_length - prompt: returns (rows, {what: how many cut})."""
+    out, cut = [], {"prompts": 0, "completions": 0}
+    for i, row in enumerate(rows):
+        unpaired, group = unpaired_ok and (row.get("completion") is not None or row.get("label") is not None), "completions" in row
+        columns = ("prompt", "completions") if group else ("prompt", "completion", "label") if unpaired else ("prompt", "chosen", "rejected")
+        for column in columns:
+            fail(row.get(column) is None, f"{source}: row {i}: missing column '{column}' (rows need prompt, chosen, rejected"
+                 + (" or prompt, completion, label)" if unpaired_ok else ")"))
+        prompt = as_text(row["prompt"], i, "prompt", tokenizer, source)
+        if group:
+            texts = [as_text(c, i, "completions", tokenizer, source, row["prompt"], True) for c in row["completions"]]
+        elif unpaired:
+            fail(not isinstance(row["label"], bool), f"{source}: row {i}, column 'label': expected a boolean (is the completion desirable?), got {row['label']!r}")
+            texts = [as_text(row["completion"], i, "completion", tokenizer, source, row["prompt"], sampled)]
+        else:
+            texts = [as_text(row[c], i, c, tokenizer, source, row["prompt"], sampled) for c in ("chosen", "rejected")]
+            fail(texts[0] == texts[1], f"{source}: row {i}, columns 'chosen'/'rejected': identical completions")
+        p, limit = prompt_ids(tokenizer, prompt), min(args.max_prompt_length, args.max_length - 1)
+        cut["prompts"] += len(p) > limit
+        p = p[-limit:]
+        completions = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        cut["completions"] += sum(len(p) + len(c) > args.max_length for c in completions)
+        labels = None if group else [row["label"]] if unpaired else [True, False]
+        out.append((p, [c[: args.max_length - len(p)] for c in completions], labels))
+    return out, cut
+
+
+# scoring, generation, evaluation
+def make_scorer(name, args, rt):
+    """reward(prompts, completions, **columns) -> floats: a built-in (toy, toy_verify, tag_count, format, accuracy),
+    module:function (user code, imported from the working directory or PYTHONPATH), or a reward model."""
+    builtin = {"toy": toy_task.reward, "toy_verify": toy_task.verify, **math_rewards.REWARD_FUNCS}
     if name in builtin:
         return builtin[name]
     if ":" in name and not os.path.exists(name):
         module, _, function = name.partition(":")
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        return getattr(importlib.import_module(module), function)
-    rm = AutoModelForSequenceClassification.from_pretrained(name, trust_remote_code=args.trust_remote_code).to(device).eval()
-    rm_tok = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+        sys.path.insert(0, os.getcwd())
+        try:
+            return getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError) as e:
+            raise SystemExit(f"{name}: {type(e).__name__}: {e}") from None
+    rm = pretrained(AutoModelForSequenceClassification, name, args).to(rt.device).eval()
+    rm_tok = pretrained(AutoTokenizer, name, args)
 
     @torch.no_grad()
     def score(prompts, completions, **_):
         if rm_tok.chat_template and isinstance(prompts[0], list):
-            texts = [rm_tok.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False)
-                     for p, c in zip(prompts, completions)]
+            texts = [rm_tok.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False) for p, c in zip(prompts, completions)]
         else:
             texts = [p + c for p, c in zip(prompts, completions)]
-        enc = rm_tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=args.max_length).to(device)
+        enc = rm_tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=args.max_length).to(rt.device)
         return rm(**enc).logits[:, 0].float().tolist()
 
     return score
 
 
-def score_samples(scorer, prompts, completions, columns=None):
-    """Each sample's reward as a float, or None where the scorer gives NaN, inf, None or a non-number, or
-    raises (a call that raises is retried one sample at a time to find the samples it fails on).
-    Returns (scores, bad): bad lists (index, what the scorer did) for the None entries."""
-    columns = columns or {}
-
+def score_samples(scorer, prompts, completions, columns):
+    """Each sample's reward, or None where the scorer gives NaN, inf, None or a non-number, or raises (a call that
+    raises is retried one sample at a time). Returns (scores, bad: [(index, what the scorer did)])."""
     def call(idx):
-        out = list(scorer([prompts[j] for j in idx], [completions[j] for j in idx],
-                          **{k: [v[j] for j in idx] for k, v in columns.items()}))
-        if len(out) != len(idx):
-            raise ValueError(f"returned {len(out)} rewards for {len(idx)} samples")
+        out = list(scorer([prompts[j] for j in idx], [completions[j] for j in idx], **{k: [v[j] for j in idx] for k, v in columns.items()}))
+        fail(len(out) != len(idx), f"the reward function returned {len(out)} rewards for {len(idx)} samples")
         return out
 
     try:
         raw = call(range(len(completions)))
-    except Exception:  # a scorer is user code: find the samples it fails on
+    except Exception:  # noqa: BLE001 (a scorer is user code: find the samples it fails on)
         raw = []
         for j in range(len(completions)):
             try:
@@ -490,7 +574,6 @@ def score_samples(scorer, prompts, completions, columns=None):
 
 
 def bad_reward_message(bad):
-    """--on_bad_reward stop: what stopped the run; bad lists (prompt, sample index, what the scorer did)."""
     prompt, sample, what = bad[0]
     return (f"the reward of sample {sample} of prompt {prompt!r} {what} ({len(bad)} bad rewards in this batch); "
             "--on_bad_reward drop would leave such samples out")
@@ -498,213 +581,296 @@ def bad_reward_message(bad):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompt_texts, n, args, greedy, seed):
-    """n completions per prompt (grouped per prompt), in batches of --generation_batch_size prompts."""
+    """n completions per prompt (grouped per prompt), --generation_batch_size prompts per call, with the KV cache."""
     model.eval()
     torch.manual_seed(seed)
-    tokenizer.padding_side = "left"
-    out = []
+    tokenizer.padding_side, out = "left", []
     for i in range(0, len(prompt_texts), args.generation_batch_size):
         ids = [prompt_ids(tokenizer, t)[-args.max_prompt_length:] for t in prompt_texts[i: i + args.generation_batch_size]]
         enc = tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(next(model.parameters()).device)
         sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
-        seqs = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=n,
-                              pad_token_id=tokenizer.pad_token_id, synced_gpus=dist.is_initialized(), use_cache=True, **sampling)  # KV cache
+        seqs = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=n, pad_token_id=tokenizer.pad_token_id,
+                              synced_gpus=dist.is_initialized(), use_cache=True, **sampling)
         out += tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     tokenizer.padding_side = "right"
     model.train()
     return out
 
 
-def best_worst_pairs(prompts, completions, scores, n, threshold):
-    """Algorithm 1's pairing: per prompt, (best, worst) of its n samples if best - worst >= threshold."""
-    rows = []
-    for i, prompt in enumerate(prompts):
-        group = sorted(((s, c) for s, c in zip(scores[i * n: (i + 1) * n], completions[i * n: (i + 1) * n])
-                        if s is not None), key=lambda t: t[0])  # a None score (a bad reward) is left out
-        if len(group) < 2:
-            continue
-        (worst_score, worst), (best_score, best) = group[0], group[-1]
-        if best_score - worst_score >= threshold and best != worst:
-            rows.append({"prompt": prompt, "chosen": best, "rejected": worst})
-    return rows
-
-
 def round_prompts(n_prompts, round_size, round_index, seed):
-    """Indices of round `round_index`'s prompts: consecutive slices of one shuffled pass over the
-    prompts after another, so a prompt comes back only in the next pass."""
-    per_pass = n_prompts // round_size
-    if per_pass == 0:
-        raise ValueError(f"--round_size {round_size} is larger than the {n_prompts} training prompts")
-    n_pass, pos = divmod(round_index, per_pass)
+    """Indices of a round's prompts: consecutive slices of one shuffled pass after another."""
+    n_pass, pos = divmod(round_index, n_prompts // round_size)
     order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed + n_pass))
     return order[pos * round_size: (pos + 1) * round_size].tolist()
 
 
-def online_round(policy, tokenizer, scorer, prompts, args, seed, rank, world):
-    """Sample, score and pair this process's share of a round's prompts; all processes get all pairs."""
-    mine = prompts[rank::world]
-    n_real = len(mine)
-    padded = mine + prompts[:1] * (math.ceil(len(prompts) / world) - n_real)  # the same generate calls on every rank
-    texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(padded)]
-    completions = generate(policy, tokenizer, texts, args.num_samples, args, greedy=False,
-                           seed=seed * 1000 + rank)[: n_real * args.num_samples]
-    flat_prompts = [p for p in mine for _ in range(args.num_samples)]
-    scores, bad = score_samples(scorer, flat_prompts, completions)
-    bad = [(flat_prompts[j], j % args.num_samples, what) for j, what in bad]
-    rows = best_worst_pairs(mine, completions, scores, args.num_samples, args.reward_threshold)
-    good = [s for s in scores if s is not None]
-    stats = torch.tensor([sum(good), len(good), len(rows), len(bad)], dtype=torch.float64)
-    if world > 1:
-        gathered = [None] * world
-        dist.all_gather_object(gathered, (rows, bad))
-        rows, bad = [r for part, _ in gathered for r in part], [b for _, part in gathered for b in part]
-    if bad and args.on_bad_reward == "stop":  # every process has every bad sample: all stop together
-        raise SystemExit(bad_reward_message(bad))
-    return rows, stats
+def sample_and_score(policy, tokenizer, scorers, rows, n, args, seed, rt):
+    """n samples for each prompt row, scored by the weighted sum of scorers [(name, weight, fn)] (fn gets the rows'
+    other columns). Each process samples its share; all get every (row, completions, scores) and the record."""
+    mine = rows[rt.rank::rt.world]
+    padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
+    texts = [as_text(r["prompt"], i, "prompt", tokenizer, "prompts") for i, r in enumerate(padded)]
+    completions = generate(policy, tokenizer, texts, n, args, greedy=False, seed=seed * 1000 + rt.rank)[: len(mine) * n]
+    flat = [r for r in mine for _ in range(n)]
+    columns = {k: [r[k] for r in flat] for k in (flat[0] if flat else {}) if k != "prompt"}
+    per_fn, bad = [], {}
+    for name, _, fn in scorers:
+        fn_scores, fn_bad = score_samples(fn, [r["prompt"] for r in flat], completions, columns)
+        per_fn.append(fn_scores)
+        for j, what in fn_bad:
+            bad.setdefault(j, f"{what} ({name})")
+    scores = [None if j in bad else sum(w * s[j] for (_, w, _), s in zip(scorers, per_fn)) for j in range(len(completions))]
+    good = [j for j, s in enumerate(scores) if s is not None]
+    stats = torch.tensor([sum(scores[j] for j in good), len(good), len(bad)] + [sum(s[j] for j in good) for s in per_fn], dtype=torch.float64)
+    groups, bad = [(r, completions[i * n: (i + 1) * n], scores[i * n: (i + 1) * n]) for i, r in enumerate(mine)], \
+        [(flat[j]["prompt"], j % n, what) for j, what in sorted(bad.items())]
+    if rt.world > 1:
+        gathered = [None] * rt.world
+        dist.all_gather_object(gathered, (groups, bad))
+        groups, bad = [g for part, _ in gathered for g in part], [b for _, part in gathered for b in part]
+        dist.all_reduce(stats)
+    fail(bad and args.on_bad_reward == "stop", bad and bad_reward_message(bad))
+    record = {"online/sample_reward": (stats[0] / stats[1].clamp(min=1)).item(), "online/bad_rewards": int(stats[2])}
+    if len(scorers) > 1:
+        record |= {f"online/rewards/{name}": (s / stats[1]).item() for (name, _, _), s in zip(scorers, stats[3:])}
+    return groups, record
 
 
 @torch.no_grad()
-def evaluate(policy, tokenizer, scorer, prompts, args, rank, world):
-    """Mean reward (and exact accuracy on the toy task) of greedy completions on held-out prompts."""
-    mine = prompts[rank::world]
-    n_real = len(mine)
-    mine += prompts[:1] * (math.ceil(len(prompts) / world) - n_real)  # the same generate calls on every rank
-    texts = [as_text(p, i, "prompt", tokenizer) for i, p in enumerate(mine)]
-    completions = generate(policy, tokenizer, texts, 1, args, greedy=True, seed=0)[:n_real]
-    scores, bad = score_samples(scorer, mine[:n_real], completions)
+def evaluate(policy, tokenizer, scorer, rows, args, rt):
+    """Mean reward (and exact accuracy on the toy task) of greedy completions of held-out prompt rows."""
+    mine = rows[rt.rank::rt.world]
+    padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))
+    texts = [as_text(r["prompt"], i, "prompt", tokenizer, "eval") for i, r in enumerate(padded)]
+    completions = generate(policy, tokenizer, texts, 1, args, greedy=True, seed=0)[: len(mine)]
+    columns = {k: [r[k] for r in mine] for k in (mine[0] if mine else {}) if k != "prompt"}
+    scores, bad = score_samples(scorer, [r["prompt"] for r in mine], completions, columns)
     good = [s for s in scores if s is not None]
-    sums = [sum(good), len(good), n_real, len(bad)]
+    sums = [sum(good), len(good), len(mine), len(bad)]
     if args.reward_model.startswith("toy"):
-        sums.append(sum(toy_task.verify(mine[:n_real], completions)))
+        sums.append(sum(toy_task.verify([r["prompt"] for r in mine], completions)))
     sums = torch.tensor(sums, dtype=torch.float64)
-    if world > 1:
+    if rt.world > 1:
         dist.all_reduce(sums)
     if sums[3] and args.on_bad_reward == "stop":  # the process with the bad sample names it
-        raise SystemExit(bad_reward_message([(mine[j], 0, what) for j, what in bad]) if bad else "a bad reward in evaluation")
+        raise SystemExit(bad_reward_message([(mine[j]["prompt"], 0, what) for j, what in bad]) if bad else "a bad reward in evaluation")
     out = {"eval/reward": (sums[0] / sums[1].clamp(min=1)).item(), "eval/bad_rewards": int(sums[3])}
-    if len(sums) > 4:
-        out["eval/accuracy"] = (sums[4] / sums[2]).item()
+    return out | ({"eval/accuracy": (sums[4] / sums[2]).item()} if len(sums) > 4 else {})
+
+
+# reference log-probs computed ahead (--ref_free, --precompute_ref)
+@torch.no_grad()
+def no_grad_logps(model, forwards, tokenizer, rt, per_sequence=False, desc=None):
+    """token_logps of each forward's (prompt_ids, completion_ids), collated as training does, in eval mode (as the
+    reference runs); with per_sequence each sequence's completion log-probs on the CPU."""
+    model.eval()
+    out = []
+    for sequences in tqdm(forwards, desc=desc, disable=desc is None, leave=False, dynamic_ncols=True):
+        with rt.autocast:
+            logps = token_logps(model, *collate(sequences, tokenizer.pad_token_id, rt.device))
+        out.append([logps[j, len(p) - 1: len(p) + len(c) - 1].cpu() for j, (p, c) in enumerate(sequences)] if per_sequence else logps)
+    model.train()
+    if hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
+        model.reshard()
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# TRY NOT TO MODIFY: checkpoints
-# ----------------------------------------------------------------------------------------------
+def precompute_ref(model, steps, tokenizer, rt):
+    """--precompute_ref: before training, the frozen reference (the initial policy) scores every distinct training
+    sequence once, grouped by length; {(prompt length, hash of the tokens): completion log-probs}."""
+    unique = sorted({sequence_key(s): s for forwards in steps for _, seqs in forwards for s in seqs}.items(), key=lambda kv: len(kv[1][0]) + len(kv[1][1]))
+    rows = len(steps[0][0][1])
+    chunks = [unique[i: i + rows] for i in range(0, len(unique), rows)]
+    n = torch.tensor(len(chunks))
+    if rt.world > 1:
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    chunks += chunks[-1:] * (int(n) - len(chunks))  # the same number of forwards on every process (FSDP2)
+    values = no_grad_logps(model, [[s for _, s in chunk] for chunk in chunks], tokenizer, rt, per_sequence=True,
+                           desc="reference log-probs" if rt.rank == 0 else None)
+    return {key: v for chunk, vs in zip(chunks, values) for (key, _), v in zip(chunk, vs)}
 
 
-def save_checkpoint(output_dir, step, policy, ref, optimizer, scheduler, tokenizer, extra, rank, world):
-    """output_dir/checkpoint-STEP: the policy (save_pretrained, rank 0) and each process's training
-    state (its shards of policy, reference and optimizer; RNG states; data position). Written to a
-    temporary directory that is renamed when complete."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    final = os.path.join(output_dir, f"checkpoint-{step}")
-    tmp = final + ".tmp"
-    full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing this step
-        os.makedirs(tmp)
-        unwrap(policy).save_pretrained(tmp, state_dict=full)
-        tokenizer.save_pretrained(tmp)
-    if world > 1:
-        dist.barrier()
-    state = {
-        "policy": {k: local(v).clone() for k, v in policy.state_dict().items()},
-        "ref": {k: local(v).clone() for k, v in ref.state_dict().items()} if ref is not None else None,
-        "optimizer": localize(optimizer.state_dict()),
-        "scheduler": scheduler.state_dict(),
-        "rng": {"python": random.getstate(), "numpy": numpy_state(), "torch": torch.get_rng_state()},
-        "step": step, "world_size": world, **extra,
-    }
-    torch.save(state, os.path.join(tmp, f"state-rank{rank}.pt"))
-    if world > 1:
-        dist.barrier()
-    if rank == 0:
-        fsync(tmp)  # the files reach the disk before the rename makes them the checkpoint (a power cut keeps either)
-        shutil.rmtree(final, ignore_errors=True)  # only when a step is saved twice (the last one)
-        os.replace(tmp, final)
-        fsync(output_dir, files=False)  # the rename itself
-    if world > 1:
-        dist.barrier()
+def sequence_key(sequence):
+    return len(sequence[0]), hash(tuple(sequence[0]) + tuple(sequence[1]))
 
 
-def fsync(path, files=True):
-    """Flush a directory's entries (and, with files, every file under it) to disk."""
-    inside = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names] if files else []
-    for p in inside + [path]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def completion_values(values, sequences, like):
+    """Per-sequence completion-token values (e.g. recorded log-probs) laid out like token_logps' output."""
+    out = torch.zeros_like(like)
+    for j, ((p, c), v) in enumerate(zip(sequences, values)):
+        out[j, len(p) - 1: len(p) + len(c) - 1] = v
+    return out
 
 
-def numpy_state():
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return kind, torch.from_numpy(keys.copy()), pos, has_gauss, cached  # loadable with weights_only=True
+def logps_ahead(ref_cache, ref_ahead, micro, sequences, policy_logps):
+    """The reference's log-probs without a reference model: precomputed; computed by the policy one step ahead;
+    or, at step 0 and when a round starts (reference = policy), the policy's own."""
+    if ref_cache is not None:
+        return completion_values([ref_cache[sequence_key(s)] for s in sequences], sequences, policy_logps)
+    return ref_ahead[micro] if ref_ahead is not None else policy_logps.detach()
 
 
-def localize(obj):
-    if isinstance(obj, dict):
-        return {k: localize(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [localize(v) for v in obj]
-    return local(obj).clone() if isinstance(obj, torch.Tensor) else obj
+def accumulate(sums, metrics):
+    """Add each metric's (sum, count) of entries: a step's value is the mean over micro-batches and processes."""
+    for k, v in metrics.items():
+        s, c = sums.get(k, (0.0, 0))
+        sums[k] = (s + v.sum().item(), c + v.numel())
 
 
-def load_checkpoint(path, policy, ref, optimizer, scheduler, rank, world):
-    state = torch.load(os.path.join(path, f"state-rank{rank}.pt"), weights_only=True)  # tensors and plain data only
-    if state["world_size"] != world:
-        raise ValueError(f"{path} was written by {state['world_size']} processes; resume with the same number")
-    with torch.no_grad():
-        for module, saved in ((policy, state["policy"]), (ref, state["ref"])):
-            if module is not None and saved is not None:  # a reference never saved (--precompute_ref) is the initial one
-                for k, v in module.state_dict().items():
-                    local(v).copy_(saved[k])
-    opt_state = optimizer.state_dict()
-    restore_into(opt_state, state["optimizer"], [p for group in optimizer.param_groups for p in group["params"]])
-    optimizer.load_state_dict(opt_state)
-    scheduler.load_state_dict(state["scheduler"])
-    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
-        group["lr"] = lr  # the saved param_groups are not restored (they hold parameter ids), so set the lr
-    random.setstate(state["rng"]["python"])
-    kind, keys, pos, has_gauss, cached = state["rng"]["numpy"]
-    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
-    torch.set_rng_state(state["rng"]["torch"])
-    return state
+# the run's bookkeeping: metrics.jsonl, progress bar, SIGTERM, checkpoints, the final save
+class Session:
+    def __init__(self, args, rt, name, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state):
+        self.args, self.rt, self.tokenizer, self.policy, self.ref, self.state = args, rt, tokenizer, policy, ref, state
+        self.optimizer, self.scheduler, self.sampling_gen, self.stop, self.bad_streak = optimizer, scheduler, sampling_gen, [], 0
+        ckpt = newest_checkpoint(args.output_dir) if args.resume else None
+        if ckpt:
+            self.load(ckpt)
+        if rt.rank == 0:
+            os.makedirs(args.output_dir, exist_ok=True)
+            for d in os.listdir(args.output_dir):  # half-written checkpoints of a killed run (never loaded)
+                if d.startswith("checkpoint-") and d.endswith(".tmp"):
+                    shutil.rmtree(os.path.join(args.output_dir, d), ignore_errors=True)
+            with open(os.path.join(args.output_dir, "args.json"), "w") as f:
+                json.dump(asdict(args), f, indent=2)
+            self.file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), state.step)
+            if ckpt:
+                print(f"resumed from {ckpt} at step {state.step}")
+        # a SIGTERM (preemption; torchrun passes it on) asks for a checkpoint after the current step and a clean exit
+        signal.signal(signal.SIGTERM, lambda signum, frame: self.stop.append(signum))
+        self.bar = tqdm(total=args.max_steps, initial=state.step, desc=f"{name} {os.path.basename(args.output_dir)}",
+                        disable=rt.rank != 0, dynamic_ncols=True)
+
+    def log(self, record):
+        if self.rt.rank == 0:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def agree(self, sums):
+        """(skip, stop): a non-finite loss on any process skips the step everywhere; a SIGTERM stops every process."""
+        flags = torch.tensor([float(not math.isfinite(sums.get("loss", (0.0,))[0])), float(bool(self.stop))], dtype=torch.float64)
+        if self.rt.world > 1:
+            dist.all_reduce(flags)
+        return bool(flags[0]), bool(flags[1])
+
+    def end_step(self, sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy, extra=None):
+        """After the update: count a skipped step, log the step's means (and an evaluation), checkpoint, stop."""
+        args, state = self.args, self.state
+        bad = skip or not torch.isfinite(grad_norm).item()
+        state.bad_steps, self.bad_streak, state.step = state.bad_steps + bad, self.bad_streak + 1 if bad else 0, state.step + 1
+        seconds, cpu_seconds = time.time() - t0, time.process_time() - cpu0  # the step: data, forwards, backward, update
+        keys = sorted(sums)
+        totals = torch.tensor([sums[k][0] for k in keys] + [sums[k][1] for k in keys], dtype=torch.float64)
+        if self.rt.world > 1:
+            dist.all_reduce(totals)
+        means = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys):].tolist()) if c}
+        record = {k: v for k, v in means.items() if k != "tokens"} | (extra or {}) | {
+            "step": state.step, "grad_norm": grad_norm.item(), "lr": lr, "bad_steps": state.bad_steps,
+            "tokens_per_s": totals[keys.index("tokens")].item() / seconds, "perf/step_seconds": seconds,
+            "perf/step_cpu_seconds": cpu_seconds, "perf/peak_memory_gib": peak_memory_gib(self.rt.device)}
+        if evaluate_policy and ((args.eval_every and state.step % args.eval_every == 0) or state.step == args.max_steps):
+            record |= evaluate_policy()
+        if state.step % args.log_every == 0 or "eval/reward" in record:
+            self.log(record)
+        self.bar.update(1)
+        self.bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in ("loss", "rewards/margins", "kl", "eval/reward") if k in record})
+        fail(self.bad_streak >= args.max_bad_steps, f"stopping: the last {self.bad_streak} steps (up to step {state.step}) had a "
+             f"non-finite loss or gradient and were skipped; the newest checkpoint, {newest_checkpoint(args.output_dir)}, is from "
+             "before them. Lower --learning_rate or --max_grad_norm, or look for bad data.")
+        if (args.save_every and state.step % args.save_every == 0 and not self.bad_streak) or state.step == args.max_steps or stop:
+            self.save()
+        if stop:
+            self.bar.close()
+            if self.rt.rank == 0:
+                print(f"SIGTERM: stopped after step {state.step} with a checkpoint; continue with --resume")
+            if self.rt.distributed:
+                dist.destroy_process_group()
+            sys.exit(0)
+
+    def save(self):
+        """output_dir/checkpoint-STEP: the policy (save_pretrained) and each process's training state (its shards of
+        policy, reference and optimizer, RNG states, the loop's state), written to a temporary name, then renamed."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")
+        tmp, rank = final + ".tmp", self.rt.rank
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing this step
+        self.save_pretrained(tmp)
+        model, optimizer = get_state_dict(self.policy, self.optimizer)
+        rng = {"torch": torch.get_rng_state(), "sampling": self.sampling_gen.get_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        torch.save({"policy": model, "optimizer": optimizer, "ref": self.ref and get_model_state_dict(self.ref),
+                    "scheduler": self.scheduler.state_dict(), "rng": rng, "world_size": self.rt.world,
+                    "state": {k: [t.cpu() for t in v] if k == "ref_ahead" and v else v for k, v in vars(self.state).items()},
+                    "args": asdict(self.args)}, os.path.join(tmp, f"state-rank{rank}.pt"))
+        self.barrier()
+        if rank == 0:
+            fsync(tmp)  # the files reach the disk before the rename makes them the checkpoint
+            shutil.rmtree(final, ignore_errors=True)  # a step saved twice (the last one)
+            os.replace(tmp, final)
+            fsync(self.args.output_dir, files=False)  # the rename itself
+        self.barrier()
+
+    def load(self, path):
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        saved = torch.load(os.path.join(path, f"state-rank{self.rt.rank}.pt"), weights_only=True)  # nothing is unpickled
+        fail(saved["world_size"] != self.rt.world, f"{path} was written by {saved['world_size']} processes; resume with as many")
+        changed = [k for k, v in asdict(self.args).items() if k not in RESUMABLE and saved["args"].get(k) != v]
+        fail(changed, f"{path} was written with other settings: " + ", ".join(f"--{k} {saved['args'].get(k)} (now {getattr(self.args, k)})" for k in changed))
+        set_state_dict(self.policy, self.optimizer, model_state_dict=saved["policy"], optim_state_dict=saved["optimizer"])
+        if self.ref is not None and saved["ref"] is not None:
+            set_model_state_dict(self.ref, saved["ref"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"]["torch"])
+        self.sampling_gen.set_state(saved["rng"]["sampling"])
+        if "cuda" in saved["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state(saved["rng"]["cuda"])
+        vars(self.state).update(saved["state"])
+        if self.state.ref_ahead:
+            self.state.ref_ahead = [t.to(self.rt.device) for t in self.state.ref_ahead]
+
+    def save_pretrained(self, directory):
+        """A Hugging Face model directory of the policy, gathered from its shards (rank 0 writes)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rt.rank == 0:
+            self.policy.save_pretrained(directory, state_dict=full)
+            self.tokenizer.save_pretrained(directory)
+        self.barrier()
+
+    def barrier(self):
+        if self.rt.world > 1:
+            dist.barrier()
+
+    def finish(self):
+        self.bar.close()
+        self.save_pretrained(self.args.output_dir)
+        if self.rt.rank == 0:
+            print(f"saved to {self.args.output_dir}")
+        if self.rt.distributed:
+            dist.barrier()  # leave together: a process tearing down gloo while another still saves can abort
+            dist.destroy_process_group()
 
 
-def restore_into(live, saved, params):
-    """Put saved local tensors into a live optimizer state dict, in place: the state of an FSDP2 parameter
-    (a DTensor; `params` in the state dict's order) becomes a DTensor sharded like it, so that a freshly
-    built optimizer, which has no state yet, resumes with the same layout it would have built itself."""
-    from torch.distributed.tensor import DTensor
-
-    for k, v in saved.items():
-        if k == "state":
-            for pid, s in v.items():
-                p = params[pid]
-                live["state"][pid] = {
-                    name: DTensor.from_local(t.to(local(p).device), p.device_mesh, p.placements, run_check=False,
-                                             shape=p.shape, stride=p.stride())
-                    if isinstance(p, DTensor) and t.dim() and t.shape == local(p).shape else t
-                    for name, t in s.items()}
-        elif k != "param_groups":
-            live[k] = v
+RESUMABLE = ("resume", "output_dir", "save_every", "log_every", "eval_every", "num_eval_prompts", "eval_prompts", "dist_timeout",
+             "on_bad_reward", "max_bad_steps", "trust_remote_code")
 
 
 def newest_checkpoint(output_dir):
     steps = [int(d.split("-")[1]) for d in os.listdir(output_dir)
-             if d.startswith("checkpoint-") and not d.endswith(".tmp") and d.split("-")[1].isdigit()] if os.path.isdir(output_dir) else []
+             if d.startswith("checkpoint-") and d.split("-")[1].isdigit()] if os.path.isdir(output_dir) else []
     return os.path.join(output_dir, f"checkpoint-{max(steps)}") if steps else None
 
 
 def open_metrics(path, step):
-    """metrics.jsonl for appending: a new run starts it afresh; a resumed run keeps the records up
-    to the step it resumes from (later ones belong to the attempt that crashed)."""
+    """metrics.jsonl for appending: a resumed run keeps the records up to its step (later ones were the crashed
+    attempt's; a line cut short by a kill is dropped), a new run starts afresh."""
     kept = []
     if step and os.path.exists(path):
-        with open(path) as f:  # a last line cut short by a kill is dropped
+        with open(path) as f:
             kept = [line for line in f if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
     with open(path + ".tmp", "w") as f:
         f.writelines(kept)
@@ -712,9 +878,18 @@ def open_metrics(path, step):
     return open(path, "a")
 
 
+def fsync(path, files=True):
+    """Flush a directory's entries (with files, every file under it too) to disk."""
+    for p in ([os.path.join(root, n) for root, _, names in os.walk(path) for n in names] if files else []) + [path]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def peak_memory_gib(device):
-    """Peak memory of this process so far: the most CUDA memory allocated at once on a GPU, else the peak
-    resident set size (weights, optimizer state, activations, and the Python interpreter with its libraries)."""
+    """Peak CUDA memory allocated, or on a CPU the process's peak resident set size."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     import resource
@@ -722,291 +897,5 @@ def peak_memory_gib(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
-def unwrap(model):
-    return getattr(model, "module", model)
-
-
-# ----------------------------------------------------------------------------------------------
-# The run
-# ----------------------------------------------------------------------------------------------
-
 if __name__ == "__main__":
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    args = HfArgumentParser(Args).parse_args_into_dataclasses(look_for_args_file=False)[0]
-    for flag in ("batch_size", "micro_batch_size", "max_steps"):  # a zero here would fail deep in the loop
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag} must be at least 1, got {getattr(args, flag)}")
-    if args.offline and args.online:
-        raise SystemExit("choose one of --offline and --online")
-    args.offline = not args.online
-    if args.humanline:  # HUMANLINE: the design pattern = syncing before the optimizer step + clamping
-        args.sync, args.clip = "humanline", "clamp"
-    if args.sync not in ("none", "humanline", "trust_region") or args.clip not in ("none", "clamp", "sampling"):
-        raise SystemExit(f"--sync must be none|humanline|trust_region and --clip none|clamp|sampling, got {args.sync}, {args.clip}")
-    if args.on_bad_reward not in ("drop", "stop") or args.max_bad_steps < 1:
-        raise SystemExit(f"--on_bad_reward must be drop|stop and --max_bad_steps at least 1, got {args.on_bad_reward}, {args.max_bad_steps}")
-    # HUMANLINE: reference-free k = 1 applies when every step's reference is the policy of the step before (or the policy)
-    ref_free_applies = args.sync == "humanline" and args.sync_every == 1
-    if args.ref_free not in ("auto", "on", "off") or (args.ref_free == "on" and not ref_free_applies):
-        raise SystemExit(f"--ref_free must be auto|on|off, on only with --sync humanline --sync_every 1, got {args.ref_free}")
-    args.ref_free = "on" if ref_free_applies and args.ref_free != "off" else "off"
-    if args.precompute_ref and (args.online or args.sync != "none"):
-        raise SystemExit("--precompute_ref needs an offline run whose reference never changes (--sync none)")
-    mode = ("online" if args.online else "offline") + ("-humanline" if args.humanline else "")
-    if not args.humanline and (args.sync != "none" or args.clip != "none"):
-        mode += f"-sync_{args.sync}-clip_{args.clip}"
-    args.output_dir = args.output_dir or os.path.join("runs", f"dpo-{mode}-seed{args.seed}")
-
-    # TRY NOT TO MODIFY: distributed setup (torchrun sets RANK/WORLD_SIZE; otherwise one process)
-    distributed = "RANK" in os.environ
-    if distributed:
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
-                                timeout=timedelta(seconds=args.dist_timeout))  # a dead or hung peer raises, never hangs
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if args.batch_size % (args.micro_batch_size * world):
-        raise SystemExit(f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes "
-                         f"= {args.micro_batch_size} x {world}")
-    grad_accum = args.batch_size // (args.micro_batch_size * world)
-    if args.max_prompt_length >= args.max_length:
-        raise SystemExit(f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    torch.manual_seed(args.seed + rank)
-
-    # tokenizer
-    toy_paths = toy_task.load() if "toy" in (args.model_name_or_path, args.dataset.split(":")[0],
-                                             args.eval_prompts, args.reward_model.split("_")[0]) else None
-    model_path = toy_paths.model if args.model_name_or_path == "toy" else args.model_name_or_path
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=args.trust_remote_code)
-    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    tokenizer.padding_side = "right"
-
-    # data: every row is checked before any model loads, so that bad data stops a run in seconds
-    if args.offline:
-        train_pairs, trunc = encode_pairs(load_rows(args.dataset, args.dataset_split, toy_paths, "preferences"), tokenizer, args)
-        if len(train_pairs) < args.batch_size:
-            raise SystemExit(f"{args.dataset} has {len(train_pairs)} pairs, fewer than one batch ({args.batch_size})")
-    else:
-        train_prompts = [row.get("prompt") for row in load_rows(args.dataset, args.dataset_split, toy_paths, "prompts")]
-        trunc = check_prompts(train_prompts, tokenizer, args, args.dataset)
-        if len(train_prompts) < args.round_size:
-            raise SystemExit(f"{args.dataset} has {len(train_prompts)} prompts, fewer than one round (--round_size {args.round_size})")
-    eval_prompts = [] if args.eval_prompts == "none" else [
-        r.get("prompt") for r in load_rows(args.eval_prompts, "test", toy_paths, "eval")][: args.num_eval_prompts]
-    trunc |= {f"eval_{k}": v for k, v in check_prompts(eval_prompts, tokenizer, args, args.eval_prompts).items()}
-    if rank == 0 and any(trunc.values()):
-        print(f"truncated: {trunc} (see --max_prompt_length, --max_length)")
-
-    # models: the policy, its reference, the scorers
-    def load_model():
-        model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=args.trust_remote_code,
-                                                     dtype=torch.float32).to(device)
-        if distributed:  # FSDP2: shard each decoder layer, then the rest; bf16 compute on CUDA
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else MixedPrecisionPolicy()
-            for module in model.modules():
-                if type(module).__name__ in (model._no_split_modules or []):
-                    fully_shard(module, mp_policy=mp)
-            fully_shard(model, mp_policy=mp)
-        return model
-
-    policy = load_model()
-    policy.train()
-    # the reference, sharded exactly like the policy; none with --ref_free on (HUMANLINE) or --precompute_ref
-    ref = None if args.ref_free == "on" or args.precompute_ref else load_model().eval().requires_grad_(False)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and not distributed)
-    scorer = make_scorer(args.reward_model, tokenizer, device, args) if args.online or eval_prompts else None
-
-    # optimizer and schedule
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, betas=(0.9, 0.999),
-                                  eps=args.adam_eps, weight_decay=args.weight_decay)
-    warmup = max(1, int(args.warmup_ratio * args.max_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (args.max_steps - s) / max(1, args.max_steps - warmup))))
-    sampling_params = humanline_sampling.limit_parameters(  # HUMANLINE: --clip sampling's Beta parameters
-        math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c)
-    sampling_gen = torch.Generator(device).manual_seed(args.seed + rank)
-
-    def step_batch(s):
-        """The batch of step s: offline a pure function of s; online a slice of the current round (None past its end)."""
-        if args.offline:
-            return offline_batch(train_pairs, s, args.batch_size, args.seed)
-        if s - round_start >= len(round_pairs) // args.batch_size:
-            return None
-        return round_pairs[(s - round_start) * args.batch_size: (s - round_start + 1) * args.batch_size]
-
-    ref_cache = None  # --precompute_ref: the frozen reference is the initial policy: its log-probs of every training sequence
-    if args.precompute_ref:
-        forwards = [seqs for s in range(args.max_steps) for _, seqs in forward_batches(step_batch(s), args, rank, world)]
-        ref_cache = precompute_logps(policy, [x for seqs in forwards for x in seqs], len(forwards[0]), tokenizer.pad_token_id,
-                                     device, autocast, rank, world)
-
-    # resume
-    step, round_index, round_pairs, round_start = 0, 0, [], 0
-    ref_ahead = None  # HUMANLINE: --ref_free on: the next step's reference log-probs per micro-batch (None: the policy's own)
-    bad_steps, bad_streak = 0, 0  # steps skipped for a non-finite loss or gradient: in all, and in a row
-    ckpt = newest_checkpoint(args.output_dir) if args.resume else None
-    if ckpt:
-        state = load_checkpoint(ckpt, policy, ref, optimizer, scheduler, rank, world)
-        step, round_index, round_start = state["step"], state["round_index"], state["round_start"]
-        round_pairs = state["round_pairs"]
-        sampling_gen.set_state(state["sampling_gen"])
-        if state["args"].get("ref_free", "off") != args.ref_free:  # HUMANLINE: the reference lives in the model or in ref_ahead
-            raise SystemExit(f"{ckpt} was written with --ref_free {state['args'].get('ref_free', 'off')}: resume with the same")
-        ref_ahead = None if state.get("ref_ahead") is None else [t.to(device) for t in state["ref_ahead"]]  # HUMANLINE
-        bad_steps = state.get("bad_steps", 0)
-        if rank == 0:
-            print(f"resumed from {ckpt} at step {step}")
-    if rank == 0:
-        os.makedirs(args.output_dir, exist_ok=True)
-        for d in os.listdir(args.output_dir):  # half-written checkpoints of a killed run (never loaded): removed
-            if d.startswith("checkpoint-") and d.endswith(".tmp"):
-                shutil.rmtree(os.path.join(args.output_dir, d), ignore_errors=True)
-        with open(os.path.join(args.output_dir, "args.json"), "w") as f:
-            json.dump(asdict(args), f, indent=2)
-    log_file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), step) if rank == 0 else None
-
-    def log(record):
-        if rank == 0:
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
-
-    def checkpoint():
-        save_checkpoint(args.output_dir, step, policy, ref, optimizer, scheduler, tokenizer,
-                        {"round_index": round_index, "round_pairs": round_pairs, "round_start": round_start,
-                         "ref_ahead": None if ref_ahead is None else [t.cpu() for t in ref_ahead],  # HUMANLINE: --ref_free
-                         "sampling_gen": sampling_gen.get_state(), "bad_steps": bad_steps, "args": asdict(args)}, rank, world)
-
-    # TRY NOT TO MODIFY: a SIGTERM (a scheduler's preemption; torchrun passes it on to every process) asks for a
-    # checkpoint at the end of the current step and a clean exit; --resume continues from there
-    stop = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
-
-    # the loop
-    if eval_prompts and args.eval_every and step == 0:  # the starting policy: every curve starts where training starts
-        log({"step": 0} | evaluate(policy, tokenizer, scorer, eval_prompts, args, rank, world))
-    bar = tqdm(total=args.max_steps, initial=step, desc=f"dpo {mode}", disable=rank != 0, dynamic_ncols=True)
-    while step < args.max_steps:
-        t0, cpu0 = time.time(), time.process_time()
-        if args.online and step - round_start >= len(round_pairs) // args.batch_size:
-            # ALGO LOGIC: a new round of Algorithm 1: reference <- policy, sample, score, pair
-            sync_reference(ref, policy)
-            prompts = [train_prompts[i] for i in round_prompts(len(train_prompts), args.round_size, round_index, args.seed)]
-            rows, stats = online_round(policy, tokenizer, scorer, prompts, args, args.seed + round_index, rank, world)
-            if world > 1:
-                dist.all_reduce(stats)
-            (round_pairs, truncated), round_start, round_index = encode_pairs(rows, tokenizer, args, sampled=True), step, round_index + 1
-            shuffle = torch.Generator().manual_seed(1_000_003 * (args.seed + 1) + round_index)
-            round_pairs = [round_pairs[i] for i in torch.randperm(len(round_pairs), generator=shuffle).tolist()]
-            log({"step": step, "online/round": round_index, "online/sample_reward": (stats[0] / stats[1].clamp(min=1)).item(),
-                 "online/bad_rewards": int(stats[3]), "online/pairs": len(round_pairs),
-                 "online/truncated_completions": truncated["truncated_completions"],
-                 "online/kept_frac": len(round_pairs) / len(prompts), "online/seconds": time.time() - t0})
-            if len(round_pairs) < args.batch_size:
-                raise SystemExit(f"round {round_index} kept {len(round_pairs)} pairs, fewer than one batch; "
-                                 "raise --round_size or lower --reward_threshold")
-            continue
-        batch = step_batch(step)
-        if args.ref_free == "on":  # HUMANLINE: the next step's reference is the policy as it is until this step's update (syncing
-            # would copy it then): its log-probs of the next batch, computed now, before gradients take memory; None when
-            # a round ends (the next round starts with reference = policy)
-            upcoming = step_batch(step + 1) if step + 1 < args.max_steps else None
-            ref_next = None if upcoming is None else no_grad_logps(
-                policy, [sequences for _, sequences in forward_batches(upcoming, args, rank, world)], tokenizer.pad_token_id, device, autocast)
-
-        sums, counts, n_tokens = {}, {}, 0
-        for micro, (pairs, sequences) in enumerate(forward_batches(batch, args, rank, world)):
-            # ALGO LOGIC: one forward per model on chosen and rejected concatenated
-            ids, attn, mask = collate(sequences, tokenizer.pad_token_id, device)
-            if distributed:
-                policy.set_requires_gradient_sync(micro == grad_accum - 1)  # reduce-scatter once per step
-            with autocast:
-                with torch.no_grad():
-                    ref_logps = token_logps(ref, ids, attn, mask) if ref is not None else None
-                policy_logps = token_logps(policy, ids, attn, mask)
-            if ref_cache is not None:  # --precompute_ref: computed before training
-                ref_logps = completion_values([ref_cache[sequence_key(p, c)] for p, c in sequences], sequences, policy_logps)
-            elif args.ref_free == "on":  # HUMANLINE: computed by the previous step's policy; at step 0 and when a round starts, the policy's own
-                ref_logps = ref_ahead[micro] if ref_ahead is not None else policy_logps.detach()
-            mask = mask[:, 1:]
-            bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
-            if args.clip == "sampling":  # HUMANLINE (ablation): rejected tokens are detached instead of clamped
-                policy_logps, rejected = humanline_sampling.apply_humanline_sampling(
-                    policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
-            n = len(pairs)
-            losses, metrics = dpo_loss(policy_logps[:n], policy_logps[n:], ref_logps[:n], ref_logps[n:],
-                                       mask[:n], mask[n:], args.beta, *bounds)
-            (losses.sum() * world / args.batch_size).backward()
-            metrics["loss"] = losses.detach()
-            metrics["humanline/clamped_frac"] = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
-            metrics["logps/chosen"] = policy_logps[:n].detach().sum(-1) / mask[:n].sum(-1)
-            metrics["logps/rejected"] = policy_logps[n:].detach().sum(-1) / mask[n:].sum(-1)
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v.sum().item()
-                counts[k] = counts.get(k, 0) + v.numel()
-            n_tokens += int(mask.sum().item())
-        # a non-finite loss or gradient skips the step; a SIGTERM stops the run after it (every process agrees on both)
-        flags = torch.tensor([float(not math.isfinite(sums.get("loss", 0.0))), float(bool(stop))], dtype=torch.float64)
-        if world > 1:
-            dist.all_reduce(flags)
-        if args.ref_free == "on":
-            ref_ahead = ref_next  # HUMANLINE: the next step's reference log-probs
-        lr = scheduler.get_last_lr()[0]  # the learning rate of this step's update
-        grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, step,
-                                   skip=bool(flags[0]))
-        bad = bool(flags[0]) or not torch.isfinite(grad_norm).item()
-        bad_steps, bad_streak = bad_steps + bad, bad_streak + 1 if bad else 0
-        step += 1
-        # the step's wall time and CPU time (all threads): data, forwards, backward, update (not logging, evaluation, checkpoints)
-        seconds, cpu_seconds = time.time() - t0, time.process_time() - cpu0
-
-        # TRY NOT TO MODIFY: logging, evaluation, checkpoints
-        keys = sorted(sums)  # each metric is a mean over its entries, across micro-batches and ranks
-        totals = torch.tensor([sums[k] for k in keys] + [counts[k] for k in keys] + [n_tokens], dtype=torch.float64)
-        if world > 1:
-            dist.all_reduce(totals)
-        record = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys): -1].tolist()) if c}
-        record |= {"step": step, "grad_norm": grad_norm.item(), "lr": lr, "bad_steps": bad_steps,
-                   "tokens_per_s": totals[-1].item() / (time.time() - t0), "perf/step_seconds": seconds,
-                   "perf/step_cpu_seconds": cpu_seconds, "perf/peak_memory_gib": peak_memory_gib(device)}
-        if eval_prompts and ((args.eval_every and step % args.eval_every == 0) or step == args.max_steps):
-            record |= evaluate(policy, tokenizer, scorer, eval_prompts, args, rank, world)
-        if step % args.log_every == 0 or "eval/reward" in record:
-            log(record)
-        bar.update(1)
-        bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in ("loss", "rewards/margins", "eval/reward") if k in record})
-        if bad_streak >= args.max_bad_steps:
-            raise SystemExit(f"stopping: the last {bad_streak} steps (up to step {step}) had a non-finite loss or gradient and "
-                             f"were skipped; the newest checkpoint, {newest_checkpoint(args.output_dir)}, is from before them. "
-                             "Lower --learning_rate or --max_grad_norm, or look for bad data.")
-        if (args.save_every and step % args.save_every == 0 and not bad_streak) or step == args.max_steps or flags[1]:
-            checkpoint()
-        if flags[1]:
-            bar.close()
-            if rank == 0:
-                print(f"SIGTERM: stopped after step {step} with a checkpoint; continue with --resume")
-            if distributed:
-                dist.destroy_process_group()
-            sys.exit(0)
-    bar.close()
-
-    # final save: a Hugging Face model directory
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        unwrap(policy).save_pretrained(args.output_dir, state_dict=full)
-        tokenizer.save_pretrained(args.output_dir)
-        print(f"saved to {args.output_dir}")
-    if distributed:
-        dist.barrier()  # leave together: a rank tearing down gloo while another still saves can abort
-        dist.destroy_process_group()
+    main()
