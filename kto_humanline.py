@@ -187,15 +187,17 @@ def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_
     `skip` (a non-finite loss) or a non-finite grad norm nothing happens but dropping the gradients."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    if not skip and torch.isfinite(grad_norm):
-        due = (step + 1) % sync_every == 0
-        if sync == "humanline" and due:
-            sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the update
-        optimizer.step()
-        scheduler.step()
-        if sync == "trust_region" and due:
-            sync_reference(ref, policy)
+    if skip or not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+    due = (step + 1) % sync_every == 0
+    if sync == "humanline" and due:
+        sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the update
+    optimizer.step()
+    scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+    if sync == "trust_region" and due:
+        sync_reference(ref, policy)
     return grad_norm
 
 
@@ -388,7 +390,8 @@ def parse_args(Args, name, ref_free_online, checks):
         fail(looks_local(value) and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
     for bad, message in checks(args):
         fail(bad, message)
-    mode = ("online" if args.online else "offline") + ("-humanline" if args.humanline else "")
+    mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "") \
+        + (f"-every{args.sample_every}" if getattr(args, "sample_every", 1) > 1 else "") + ("-humanline" if args.humanline else "")
     if not args.humanline and (args.sync != "none" or args.clip != "none"):
         mode += f"-sync_{args.sync}-clip_{args.clip}"
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}-seed{args.seed}")

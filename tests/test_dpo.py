@@ -8,9 +8,11 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,17 +20,35 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import dpo_humanline
-from dpo_humanline import (
-    Args,
-    as_text,
-    best_worst_pairs,
-    collate,
-    dpo_loss,
-    encode_pairs,
-    optimizer_step,
-    sync_reference,
-    token_logps,
-)
+from dpo_humanline import Args, collate, dpo_loss, encode_rows, optimizer_step, sync_reference, token_logps
+
+
+def encode_pairs(rows, tok, args, sampled=False):
+    """Preference rows as DPO trains on them: [(prompt_ids, chosen_ids, rejected_ids)], and what was cut."""
+    encoded, cut = encode_rows(rows, tok, args, "data.jsonl", sampled=sampled)
+    return [(p, c, r) for p, (c, r), _ in encoded], {f"truncated_{k}": v for k, v in cut.items()}
+
+
+def as_text(value, row, column, tok, prompt=None):
+    return dpo_humanline.as_text(value, row, column, tok, "data.jsonl", prompt)
+
+
+def best_worst_pairs(prompts, completions, scores, n, threshold):
+    """Algorithm 1's pairing of n samples per prompt, as (prompt, chosen, rejected) rows."""
+    groups = [({"prompt": p}, completions[i * n: (i + 1) * n], scores[i * n: (i + 1) * n]) for i, p in enumerate(prompts)]
+    return [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in dpo_humanline.best_worst_pairs(groups, threshold)]
+
+
+def session(out, policy, ref, opt, sched, tok, resume=False, step=0):
+    """The script's run bookkeeping (checkpoints) on one process, for models built here."""
+    args = Args(output_dir=str(out), resume=resume)
+    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), distributed=False)
+    state = SimpleNamespace(step=step, round_index=0, round=[], round_start=0, ref_ahead=None, bad_steps=0)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        return dpo_humanline.Session(args, rt, "dpo", tok, policy, ref, opt, sched, torch.Generator(), state)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -346,7 +366,7 @@ def test_missing_column_names_row_and_column(tok, column, how):
         del bad[column]
     else:
         bad[column] = None
-    with pytest.raises(ValueError, match=rf"row 1\b.*'{column}'"):
+    with pytest.raises(SystemExit, match=rf"row 1\b.*'{column}'"):
         encode_pairs([good_row(), bad], tok, Args())
 
 
@@ -354,19 +374,19 @@ def test_missing_column_names_row_and_column(tok, column, how):
 @pytest.mark.parametrize("text", ["", "  "])
 def test_empty_text_is_rejected(tok, column, text):
     bad = good_row() | {column: text}
-    with pytest.raises(ValueError, match=rf"row 0, column '{column}': empty"):
+    with pytest.raises(SystemExit, match=rf"row 0, column '{column}': empty"):
         encode_pairs([bad], tok, Args())
 
 
 def test_sampled_completions_may_be_empty(tok):
     (p, c, r), = encode_pairs([good_row() | {"chosen": ""}], tok, Args(), sampled=True)[0]
     assert c == [tok.eos_token_id]
-    with pytest.raises(ValueError, match="row 0, column 'prompt'"):  # prompts never
+    with pytest.raises(SystemExit, match="row 0, column 'prompt'"):  # prompts never
         encode_pairs([good_row() | {"prompt": ""}], tok, Args(), sampled=True)
 
 
 def test_identical_completions_are_rejected(tok):
-    with pytest.raises(ValueError, match=r"row 2, columns 'chosen'/'rejected': identical"):
+    with pytest.raises(SystemExit, match=r"row 2, columns 'chosen'/'rejected': identical"):
         encode_pairs([good_row(), good_row(), good_row() | {"rejected": RIGHT}], tok, Args())
 
 
@@ -406,19 +426,19 @@ def test_as_text_of_a_conversational_completion_is_the_templated_suffix(tok):
 ])
 def test_malformed_messages_name_row_and_column(tok, message, match):
     bad = conversational(good_row()) | {"rejected": [message]}
-    with pytest.raises(ValueError, match=rf"row 1, column 'rejected'.*{match}"):
+    with pytest.raises(SystemExit, match=rf"row 1, column 'rejected'.*{match}"):
         encode_pairs([conversational(good_row()), bad], tok, Args())
 
 
 @pytest.mark.parametrize("value", [[], 12, {"role": "user", "content": "1"}])
 def test_non_text_values_name_row_and_column(tok, value):
-    with pytest.raises(ValueError, match="row 0, column 'chosen'"):
+    with pytest.raises(SystemExit, match="row 0, column 'chosen'"):
         encode_pairs([good_row() | {"chosen": value}], tok, Args())
 
 
 def test_conversational_completion_needs_conversational_prompt(tok):
     bad = good_row() | {"chosen": [{"role": "assistant", "content": RIGHT}]}
-    with pytest.raises(ValueError, match="row 0, column 'chosen'.*conversational prompt"):
+    with pytest.raises(SystemExit, match="row 0, column 'chosen'.*conversational prompt"):
         encode_pairs([bad], tok, Args())
 
 
@@ -712,16 +732,16 @@ def checkpoint_round_trip(toy, tok, tmp_path_factory):
         policy(input_ids=torch.tensor([[3, 4, 13, 5, 14]])).logits.pow(2).mean().backward()
         optimizer_step(policy, ref, opt, sched, 1.0, "humanline", 1, t)
     out = tmp_path_factory.mktemp("ckpt")
-    dpo_humanline.save_checkpoint(str(out), 3, policy, ref, opt, sched, tok, {"round_index": 0}, 0, 1)
+    session(out, policy, ref, opt, sched, tok, step=3).save()
     fresh = setup()
-    state = dpo_humanline.load_checkpoint(dpo_humanline.newest_checkpoint(str(out)), *fresh, 0, 1)
+    state = session(out, *fresh, tok, resume=True).state
     torch.set_rng_state(rng)
     return (policy, ref, opt, sched), fresh, state
 
 
 def test_load_checkpoint_restores_weights_and_optimizer_state(checkpoint_round_trip):
     (policy, ref, opt, sched), (p2, r2, o2, s2), state = checkpoint_round_trip
-    assert state["step"] == 3 and state["round_index"] == 0
+    assert state.step == 3 and state.round_index == 0
     assert same(weights(p2), weights(policy)) and same(weights(r2), weights(ref))
     assert not same(weights(r2), weights(p2))  # the humanline reference lags one update
     for (k, a), b in zip(opt.state.items(), o2.state.values()):
@@ -744,7 +764,7 @@ def test_a_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(checkpoin
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
-    dpo_humanline.save_checkpoint(str(tmp_path), 5, policy, ref, opt, sched, tok, {}, 0, 1)
+    session(tmp_path, policy, ref, opt, sched, tok, step=5).save()
     final = str(tmp_path / "checkpoint-5")
     rename = events.index(("replace", final + ".tmp", final))
     synced_before = {path for kind, path, *_ in events[:rename] if kind == "fsync"}

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,22 +18,21 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_humanline import (
     Args,
-    accuracy_reward,
+    best_worst_pairs,
     collate,
     completion_values,
-    default_reward_weights,
-    encode,
-    format_reward,
+    encode_rows,
     group_advantages,
     group_sequences,
     grpo_loss,
     micro_batches,
-    online_round,
     optimizer_step,
     record_sampler_logps,
-    tag_count_reward,
+    sample_and_score,
     token_logps,
 )
+from math_rewards import accuracy_reward, format_reward, tag_count_reward
+from math_rewards import default_weights as default_reward_weights
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -369,13 +369,12 @@ def toy_model(toy):
 def test_recorded_sampler_logps_equal_the_training_forward_exactly(toy_model, rank, world):
     model, tok = toy_model
     args = Args(batch_size=4, micro_batch_size=2)
-    counts = {"truncated_prompts": 0, "truncated_completions": 0}
     texts = [("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"), ("100+200=", "0+0+0=00;0+0+0=00;1+2+0=03>0300"),
              ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
-    pairs = [encode(tok, p, [c + tok.eos_token], args, counts) for p, c in texts]
-    seqs = [(p, c, 1.0, 1.0, None) for p, (c,) in pairs][:8]  # two steps of 4
-    recorded = record_sampler_logps(model, seqs, tok.pad_token_id, args, torch.device("cpu"),
-                                    torch.autocast("cpu", enabled=False), rank, world)
+    pairs, _ = encode_rows([{"prompt": p, "completions": [c]} for p, c in texts], tok, args, "sampled")
+    seqs = [(p, c, 1.0, 1.0, None) for p, (c,), _ in pairs][:8]  # two steps of 4
+    rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False))
+    recorded = record_sampler_logps(model, seqs, tok.pad_token_id, args, rt)
     mine = set()
     for s in range(2):
         for micro in micro_batches(list(range(s * 4, (s + 1) * 4)), args, rank, world):
@@ -390,10 +389,9 @@ def test_recorded_sampler_logps_equal_the_training_forward_exactly(toy_model, ra
     assert all(recorded[i][:4] == seqs[i][:4] for i in range(8))
 
 
-@pytest.mark.parametrize("pairs", [False, True], ids=["groups", "pairs_from_samples"])
-def test_online_round_weights_rewards_and_groups_samples(toy_model, pairs):
+def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):
     model, tok = toy_model
-    args = Args(num_generations=3, pairs_from_samples=pairs, reward_threshold=0.5)
+    args = Args(num_generations=3)
     rows = [{"prompt": "123+789=", "solution": "912"}, {"prompt": "100+200=", "solution": "300"}]
     seen = {}
 
@@ -402,17 +400,18 @@ def test_online_round_weights_rewards_and_groups_samples(toy_model, pairs):
         return [float(k) for k in range(len(completions))]
 
     reward_fns = [("ones", 1.0, lambda p, c, **_: [1.0] * len(c)), ("count", 8.0, count)]
-    groups, stats = online_round(model, tok, reward_fns, rows, args, seed=1, rank=0, world=1)
+    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
+    groups, record = sample_and_score(model, tok, reward_fns, rows, 3, args, 1, rt)
     assert seen["solution"] == ["912"] * 3 + ["300"] * 3  # the other columns reach the reward functions
     scores = [1.0 + 8.0 * k for k in range(6)]
-    if pairs:  # best and worst of each prompt's 3 samples (unless identical), with their raw (weighted) scores
-        assert len(groups) == stats[2].item() and len(groups) <= 2
-        for prompt, completions, rewards in groups:
-            i = [r["prompt"] for r in rows].index(prompt)
-            assert rewards == [scores[3 * i + 2], scores[3 * i]] and completions[0] != completions[1]
-    else:
-        assert [(g[0], g[2], len(g[1])) for g in groups] == [("123+789=", scores[:3], 3), ("100+200=", scores[3:], 3)]
-    assert stats[0].item() == sum(scores) and stats[1].item() == 6 and stats[4].item() == 6 and stats[5].item() == 15
+    assert [(g[0], g[2], len(g[1])) for g in groups] == [(rows[0], scores[:3], 3), (rows[1], scores[3:], 3)]
+    assert record == {"online/sample_reward": sum(scores) / 6, "online/bad_rewards": 0,
+                      "online/rewards/ones": 1.0, "online/rewards/count": 15 / 6}
+    pairs = best_worst_pairs(groups, 0.5)  # best and worst of each prompt's 3 samples (unless identical), raw scores
+    assert len(pairs) <= 2
+    for r in pairs:
+        i = rows.index({"prompt": r["prompt"], "solution": r["solution"]})
+        assert [r["score_chosen"], r["score_rejected"]] == [scores[3 * i + 2], scores[3 * i]] and r["chosen"] != r["rejected"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -161,6 +161,12 @@ def tok():
 ARGS = SimpleNamespace(max_prompt_length=512, max_length=1024)
 
 
+def encode_examples(rows, tok, args):
+    """KTO's examples of unpaired or preference rows: [(prompt_ids, completion_ids, desirable)], and what was cut."""
+    encoded, cut = kto.encode_rows(rows, tok, args, "data.jsonl", unpaired_ok=True)
+    return [(p, c, d) for p, cs, ds in encoded for c, d in zip(cs, ds)], cut
+
+
 def decoded(tok, examples):
     return [(tok.decode(p), tok.decode(c), d) for p, c, d in examples]
 
@@ -168,14 +174,14 @@ def decoded(tok, examples):
 def test_unpaired_rows_give_one_example_each(tok):
     rows = [{"prompt": "12+34=", "completion": "46", "label": True},
             {"prompt": "1+1=", "completion": "3", "label": False}]
-    examples, _ = kto.encode_examples(rows, tok, ARGS)
+    examples, _ = encode_examples(rows, tok, ARGS)
     assert decoded(tok, examples) == [("12+34=", "46<eos>", True), ("1+1=", "3<eos>", False)]
 
 
 def test_preference_rows_split_into_desirable_and_undesirable(tok):
     rows = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"},
             {"prompt": "2+2=", "chosen": "4", "rejected": "5", "completion": None, "label": None}]  # union of columns
-    examples, _ = kto.encode_examples(rows, tok, ARGS)
+    examples, _ = encode_examples(rows, tok, ARGS)
     assert decoded(tok, examples) == [("1+1=", "2<eos>", True), ("1+1=", "3<eos>", False),
                                       ("2+2=", "4<eos>", True), ("2+2=", "5<eos>", False)]
 
@@ -183,13 +189,13 @@ def test_preference_rows_split_into_desirable_and_undesirable(tok):
 @pytest.mark.parametrize("label", [1, "yes", 0.0])
 def test_non_boolean_label_names_row_and_column(tok, label):
     rows = [{"prompt": "1+1=", "completion": "2", "label": True}, {"prompt": "1+1=", "completion": "3", "label": label}]
-    with pytest.raises(ValueError, match=r"row 1, column 'label'"):
-        kto.encode_examples(rows, tok, ARGS)
+    with pytest.raises(SystemExit, match=r"row 1, column 'label'"):
+        encode_examples(rows, tok, ARGS)
 
 
 def test_missing_label_names_row_and_column(tok):
-    with pytest.raises(ValueError, match=r"row 0: missing column 'label'"):
-        kto.encode_examples([{"prompt": "1+1=", "completion": "2"}], tok, ARGS)
+    with pytest.raises(SystemExit, match=r"row 0: missing column 'label'"):
+        encode_examples([{"prompt": "1+1=", "completion": "2"}], tok, ARGS)
 
 
 # --- sync order --------------------------------------------------------------------------------
