@@ -430,6 +430,8 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
     datasets.disable_progress_bars()
     try:
         if os.path.isfile(name):  # a local file: plain data formats only, nothing is unpickled
+            with open(name, "rb") as f:
+                fail(not f.read(4096).strip(), f"{name}: no rows")
             builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(os.path.splitext(name)[1])
             fail(builder is None, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
             rows = datasets.load_dataset(builder, data_files=name, split="train").to_list()
@@ -438,13 +440,14 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
     except Exception as e:  # noqa: BLE001 (malformed file, unknown dataset, no network: one line)
         cause = e.__cause__ or e
         raise SystemExit(f"{name}: {type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}") from None
-    fail(len(rows) < need, f"{name}: {len(rows)} rows, fewer than the {need} that one batch or round takes" if rows else f"{name}: no rows")
+    fail(not rows, f"{name}: no rows")
     if kind in ("preferences", "examples"):
         encoded, cut = encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
     else:
         encoded = [prompt_row(r, i, args, name) for i, r in enumerate(rows)][: args.num_eval_prompts if kind == "eval" else None]
         cut = {"prompts": sum(len(prompt_ids(tokenizer, as_text(r["prompt"], i, "prompt", tokenizer, name))) > args.max_prompt_length
                               for i, r in enumerate(encoded))}
+    fail(len(encoded) < need, f"{name}: {len(encoded)} rows, fewer than the {need} that one batch or round takes")
     if any(cut.values()) and rt.rank == 0:
         print(f"{name}: truncated {cut} (see --max_prompt_length, --max_length)")
     return encoded
