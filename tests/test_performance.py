@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -158,8 +159,8 @@ def test_ref_free_resumes_exactly(run, tmp_path):
     ("dpo_humanline.py", ["--humanline", "--sync_every", "2", "--ref_free", "on"], "--ref_free"),
     ("kto_humanline.py", ["--sync", "trust_region", "--ref_free", "on"], "--ref_free"),
     ("grpo_humanline.py", ["--online", "--humanline", "--ref_free", "on"], "--offline"),
-    ("dpo_humanline.py", ["--ref_free", "yes"], "auto|on|off"),
     ("dpo_humanline.py", ["--humanline", "--precompute_ref"], "--precompute_ref"),
+    ("dpo_humanline.py", ["--sync", "humanline", "--sync_every", "2", "--ref_free", "on"], "--ref_free on needs"),
     ("grpo_humanline.py", ["--online", "--precompute_ref"], "--precompute_ref"),
 ])
 def test_flags_that_do_not_apply_are_refused(script, flags, match, tmp_path):
@@ -192,11 +193,12 @@ def test_precompute_ref_equals_a_live_reference(script, run):
 def test_precompute_logps_dedups_and_matches_the_training_forward(toy):
     model = AutoModelForCausalLM.from_pretrained(toy.model)
     seqs = [([3, 4, 5], [6, 7]), ([3, 4], [5, 6, 7, 8, 9]), ([3, 4, 5], [6, 7]), ([9], [8])]
-    no_autocast = torch.autocast("cpu", enabled=False)
-    cache = dpo_humanline.precompute_logps(model, seqs, 2, 0, torch.device("cpu"), no_autocast, 0, 1)
+    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False))
+    steps = [[(None, seqs[:2]), (None, seqs[2:])]]  # one step of two forwards of two sequences each
+    cache = dpo_humanline.precompute_ref(model.train(), steps, SimpleNamespace(pad_token_id=0), rt)
     assert len(cache) == 3 and model.training
     like = dpo_humanline.token_logps(model, *dpo_humanline.collate(seqs, 0, torch.device("cpu"))).detach()
-    got = dpo_humanline.completion_values([cache[dpo_humanline.sequence_key(p, c)] for p, c in seqs], seqs, like)
+    got = dpo_humanline.completion_values([cache[dpo_humanline.sequence_key(s)] for s in seqs], seqs, like)
     torch.testing.assert_close(got, like, rtol=1e-5, atol=1e-6)
 
 

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -129,7 +130,7 @@ def assert_loadable(ckpt, world=1):
     """A complete checkpoint: every process's training state (tensors and plain data only) and the model."""
     for rank in range(world):
         state = torch.load(os.path.join(ckpt, f"state-rank{rank}.pt"), weights_only=True)
-        assert state["step"] == int(ckpt.rsplit("-", 1)[1]) and state["world_size"] == world
+        assert state["state"]["step"] == int(ckpt.rsplit("-", 1)[1]) and state["world_size"] == world
     AutoModelForCausalLM.from_pretrained(ckpt)
     AutoTokenizer.from_pretrained(ckpt)
 
@@ -194,14 +195,14 @@ def tok(toy):
 
 def encode_rows(script, rows, tok):
     m = MODULES[script]
-    return (m.encode_examples if script == "kto_humanline.py" else m.encode_pairs)(rows, tok, m.Args())
+    return m.encode_rows(rows, tok, m.Args(), "data.jsonl", unpaired_ok=script == "kto_humanline.py")
 
 
 @pytest.mark.parametrize("case", list(BAD_PAIRS))
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_bad_preference_row_is_named(script, case, tok):
     row, message = BAD_PAIRS[case]
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(SystemExit) as e:
         encode_rows(script, [GOOD, row], tok)
     assert message in str(e.value)
 
@@ -209,21 +210,18 @@ def test_a_bad_preference_row_is_named(script, case, tok):
 @pytest.mark.parametrize("case", list(BAD_KTO))
 def test_a_bad_kto_row_is_named(case, tok):
     row, message = BAD_KTO[case]
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(SystemExit) as e:
         encode_rows("kto_humanline.py", [{"prompt": "1+2=", "completion": "3", "label": True}, row], tok)
     assert message in str(e.value)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_bad_prompts_for_sampling_or_evaluation_are_named(script, tok):
-    check = MODULES[script].check_prompts
-    args = MODULES[script].Args()
+    m = MODULES[script]
     for prompt, message in [(None, "missing"), ("", "empty text"), ([{"role": "user"}], "content must be a string")]:
-        with pytest.raises(ValueError) as e:
-            check(["1+2=", prompt], tok, args, "prompts.jsonl")
-        assert str(e.value).startswith("prompts.jsonl: row 1, column 'prompt': ") and message in str(e.value)
-    args.max_prompt_length = 5
-    assert check(["1+2=", "123+456="], tok, args, "x") == {"truncated_prompts": 1}  # counted, then cut when sampled
+        with pytest.raises(SystemExit) as e:
+            m.as_text(m.prompt_row({"prompt": prompt}, 1, m.Args(), "prompts.jsonl")["prompt"], 1, "prompt", tok, "prompts.jsonl")
+        assert str(e.value).startswith("prompts.jsonl: row 1") and message in str(e.value)
 
 
 BAD_FILES = {  # (script, rows, extra flags, what the user is told)
@@ -235,9 +233,9 @@ BAD_FILES = {  # (script, rows, extra flags, what the user is told)
                                   "row 2, column 'prompt': empty text"),
     "dpo: bad evaluation prompt": ("dpo_humanline.py", [{"prompt": "1+2="}, {"prompt": "2+2="}, {"problem": "3+3="}],
                                    ["--dataset", "toy", "--eval_prompts", "{file}"], "row 2, column 'prompt': missing"),
-    "dpo: fewer pairs than a batch": ("dpo_humanline.py", [GOOD] * 5, [], "has 5 pairs, fewer than one batch (8)"),
+    "dpo: fewer pairs than a batch": ("dpo_humanline.py", [GOOD] * 5, [], "5 rows, fewer than the 8 that one batch"),
     "kto online: fewer prompts than a round": ("kto_humanline.py", [{"prompt": "1+2="}] * 5, ONLINE["kto_humanline.py"],
-                                               "has 5 prompts, fewer than one round (--round_size 32)"),
+                                               "5 rows, fewer than the 32 that one batch or round takes"),
     "grpo: malformed JSON": ("grpo_humanline.py", None, [], "Missing a comma or '}' after an object member. in row 1"),
 }
 
@@ -274,7 +272,7 @@ def test_a_local_file_must_be_plain_data(tmp_path):
         path.write_bytes(b"not read")
         for m in MODULES.values():
             with pytest.raises(SystemExit, match="must be a .json, .jsonl, .parquet or .csv file"):
-                m.load_rows(str(path), "train", None, "preferences")
+                m.load_data(m.Args(dataset=str(path)), "preferences", None, None, None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -291,13 +289,13 @@ def test_score_samples_finds_each_bad_reward(script):
             raise RuntimeError("scorer crashed")
         return [{"nan": math.nan, "none": None, "inf": -math.inf, "text": "high"}.get(c, len(c) / 10) for c in completions]
 
-    scores, bad = m.score_samples(scorer, ["p"] * 6, ["ab", "nan", "none", "boom", "inf", "text"])
+    scores, bad = m.score_samples(scorer, ["p"] * 6, ["ab", "nan", "none", "boom", "inf", "text"], {})
     assert scores == [0.2, None, None, None, None, None]
     assert [j for j, _ in bad] == [1, 2, 3, 4, 5]
     assert "raised RuntimeError: scorer crashed" in bad[2][1] and "nan" in bad[0][1]
-    scores, bad = m.score_samples(lambda p, c, **k: [1.0], ["p"] * 2, ["a", "b"])  # wrong length: each sample alone
+    scores, bad = m.score_samples(lambda p, c, **k: [1.0], ["p"] * 2, ["a", "b"], {})  # wrong length: each sample alone
     assert scores == [1.0, 1.0] and not bad
-    pairs = m.best_worst_pairs(["p", "q"], ["a", "b", "c", "d"], [None, 0.5, 0.9, None], 2, 0.0)
+    pairs = m.best_worst_pairs([({"prompt": "p"}, ["a", "b"], [None, 0.5]), ({"prompt": "q"}, ["c", "d"], [0.9, None])], 0.0)
     assert pairs == []  # a prompt with fewer than two good samples gives no pair
 
 
@@ -389,9 +387,10 @@ def uninterrupted(toy, tmp_path_factory):
 def test_truncation_is_counted_and_reported(uninterrupted, tok):
     m = MODULES["dpo_humanline.py"]
     args = m.Args(max_length=40, max_prompt_length=20)
-    _, counts = m.encode_pairs(m.load_rows("toy", "train", m.toy_task.load(), "preferences"), tok, args)
-    assert counts["truncated_completions"] > 0
-    assert f"truncated: {counts | {'eval_truncated_prompts': 0}}" in uninterrupted[1]
+    with open(m.toy_task.load().offline["strong"]) as f:
+        _, counts = m.encode_rows([json.loads(line) for line in f], tok, args, "toy")
+    assert counts["completions"] > 0
+    assert f"truncated {counts}" in uninterrupted[1]
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(uninterrupted, tmp_path):
@@ -452,7 +451,8 @@ def mid_round(out, world=1):
     """A checkpoint taken in the middle of an online round: some of the round's pairs are still to train on."""
     for d in checkpoints(out):
         state = torch.load(os.path.join(out, d, "state-rank0.pt"), weights_only=True)
-        if state["round_start"] < state["step"] < state["round_start"] + len(state["round_pairs"]) // 8:
+        state = state["state"]
+        if state["round_start"] < state["step"] < state["round_start"] + len(state["round"]) // 8:
             return d, state["step"]
     raise AssertionError("no checkpoint in the middle of a round")
 
@@ -603,8 +603,16 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused(script, tmp_path, toy)
     torch.save({"step": 1, "world_size": 1, "extra": Payload(str(marker))}, ckpt / "state-rank0.pt")
     policy = AutoModelForCausalLM.from_pretrained(toy.model)
     opt = torch.optim.AdamW(policy.parameters())
-    with pytest.raises(pickle.UnpicklingError):
-        m.load_checkpoint(str(ckpt), policy, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), 0, 1)
+    args = m.Args(output_dir=str(tmp_path), resume=True)
+    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), distributed=False)
+    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead=None, bad_steps=0)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(pickle.UnpicklingError):
+            m.Session(args, rt, "x", None, policy, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                      torch.Generator(), state)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
     assert not marker.exists()
 
 
