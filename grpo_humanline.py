@@ -655,7 +655,8 @@ def score_samples(scorer, prompts, completions, columns):
     raises is retried one sample at a time). Returns (scores, bad: [(index, what the scorer did)])."""
     def call(idx):
         out = list(scorer([prompts[j] for j in idx], [completions[j] for j in idx], **{k: [v[j] for j in idx] for k, v in columns.items()}))
-        fail(len(out) != len(idx), f"the reward function returned {len(out)} rewards for {len(idx)} samples")
+        if len(out) != len(idx):
+            raise ValueError(f"returned {len(out)} rewards for {len(idx)} samples")
         return out
 
     try:

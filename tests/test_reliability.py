@@ -231,8 +231,8 @@ BAD_FILES = {  # (script, rows, extra flags, what the user is told)
                                  + [{"prompt": "1+2=", "completion": "3", "label": "yes"}], [], "row 2, column 'label'"),
     "grpo online: empty prompt": ("grpo_humanline.py", [{"prompt": "1+2="}] * 2 + [{"prompt": ""}], ["--online"],
                                   "row 2, column 'prompt': empty text"),
-    "dpo: bad evaluation prompt": ("dpo_humanline.py", [{"prompt": "1+2="}, {"prompt": "2+2="}, {"problem": "3+3="}],
-                                   ["--dataset", "toy", "--eval_prompts", "{file}"], "row 2, column 'prompt': missing"),
+    "dpo: bad evaluation prompt": ("dpo_humanline.py", [{"prompt": "1+2="}, {"prompt": "2+2="}, {"text": "3+3="}],
+                                   ["--dataset", "toy", "--eval_prompts", "{file}"], "row 2: missing column 'prompt'"),
     "dpo: fewer pairs than a batch": ("dpo_humanline.py", [GOOD] * 5, [], "5 rows, fewer than the 8 that one batch"),
     "kto online: fewer prompts than a round": ("kto_humanline.py", [{"prompt": "1+2="}] * 5, ONLINE["kto_humanline.py"],
                                                "5 rows, fewer than the 32 that one batch or round takes"),
@@ -321,7 +321,7 @@ def test_on_bad_reward_stop_names_the_prompt(tmp_path, toy):
     with pytest.raises(SystemExit) as e:
         run_here("kto_humanline.py", [*ONLINE["kto_humanline.py"], "--max_steps", "2", "--on_bad_reward", "stop",
                                       "--reward_model", "tests.faulty_rewards:flaky"], tmp_path)
-    assert re.fullmatch(r"the reward of sample \d of prompt '\d+\+\d+=' (is (nan|inf|None)|raised ValueError: cannot score .*) "
+    assert re.fullmatch(r"the reward of sample \d of prompt '\d+\+\d+=' (is (nan|inf|None)|raised ValueError: cannot score .*)( \(\S+\))? "
                         r"\(\d+ bad rewards in this batch\); --on_bad_reward drop would leave such samples out", str(e.value)), str(e.value)
     assert not steps(str(tmp_path))  # stopped in the first round, before any update
 
@@ -565,7 +565,7 @@ def test_remote_code_is_off_unless_the_flag_is_given(script):
     assert MODULES[script].Args().trust_remote_code is False
     tree = ast.parse(open(os.path.join(ROOT, script)).read())
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "from_pretrained"]
-    assert len(calls) >= 4
+    assert len(calls) >= 1  # every model and tokenizer loads through one helper
     for call in calls:
         kw = {k.arg: ast.unparse(k.value) for k in call.keywords}
         assert kw.get("trust_remote_code") == "args.trust_remote_code", ast.unparse(call)
