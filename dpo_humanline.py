@@ -75,9 +75,9 @@ class Args:
     beta: float = field(default=0.1, metadata={"help": "DPO temperature."})
     seed: int = field(default=0, metadata={"help": "Random seed (data order, sampling)."})
     # humanline
-    sync: Optional[Literal["none", "humanline", "trust_region"]] = field(default=None, metadata={"help": "Reference syncing (default none): before the update, or after it."})
+    sync: Optional[Literal["none", "humanline", "trust_region"]] = field(default=None, metadata={"help": "Reference syncing before the update or after it; unset: none (humanline with --humanline)."})
     sync_every: int = field(default=1, metadata={"help": "k: sync every k optimizer steps."})
-    clip: Optional[Literal["none", "clamp", "sampling"]] = field(default=None, metadata={"help": "Token log-ratio clipping (default none)."})
+    clip: Optional[Literal["none", "clamp", "sampling"]] = field(default=None, metadata={"help": "Token log-ratio clipping; unset: none (clamp with --humanline)."})
     log_eps_P: float = field(default=-1.5, metadata={"help": "Lower bound of the token log-ratio."})
     log_eps_R: float = field(default=1.5, metadata={"help": "Upper bound of the token log-ratio."})
     sampling_c: float = field(default=humanline_sampling.DEFAULT_C, metadata={"help": "--clip sampling: Beta concentration c."})
@@ -354,7 +354,7 @@ def fail(condition, message):
 
 def looks_local(name):
     """A path rather than a hub name or a built-in: it starts with ., / or ~, or ends with a data file's extension."""
-    return name.startswith((".", "/", "~")) or os.path.splitext(name)[1] in (".json", ".jsonl", ".parquet", ".csv", ".py")
+    return name.startswith((".", "/", "~")) or os.path.splitext(name)[1] in (".json", ".jsonl", ".parquet", ".csv")
 
 
 def setup(args):
@@ -375,8 +375,8 @@ def setup(args):
 
 
 def load_tokenizer(args):
-    uses_toy = any(v == "toy" or v.startswith("toy:") or v in ("toy_verify",) for v in (args.model_name_or_path, args.dataset, args.eval_prompts, args.reward_model))
-    toy = toy_task.load() if uses_toy else None
+    uses_toy = any(v == "toy" or v.startswith("toy:") for v in (args.model_name_or_path, args.dataset, args.eval_prompts))
+    toy = toy_task.load() if uses_toy else None  # the committed instance, its digests checked
     tokenizer = pretrained(AutoTokenizer, toy.model if args.model_name_or_path == "toy" else args.model_name_or_path, args)
     tokenizer.pad_token, tokenizer.padding_side = tokenizer.pad_token or tokenizer.eos_token, "right"
     return tokenizer, toy
@@ -636,7 +636,8 @@ def sample_and_score(policy, tokenizer, scorers, rows, n, args, seed, rt):
         dist.all_gather_object(gathered, (groups, bad))
         groups, bad = [g for part, _ in gathered for g in part], [b for _, part in gathered for b in part]
         dist.all_reduce(stats)
-    fail(bad and args.on_bad_reward == "stop", bad and bad_reward_message(bad))
+    if bad and args.on_bad_reward == "stop":  # every process has every bad sample: all stop together
+        raise SystemExit(bad_reward_message(bad))
     record = {"online/sample_reward": (stats[0] / stats[1].clamp(min=1)).item(), "online/bad_rewards": int(stats[2])}
     if len(scorers) > 1:
         record |= {f"online/rewards/{name}": (s / stats[1]).item() for (name, _, _), s in zip(scorers, stats[3:])}

@@ -1,6 +1,8 @@
 """Shared fixtures: the built-in toy task (the canonical instance committed in toy/)."""
 
 import os
+import signal
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,3 +15,15 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 @pytest.fixture(scope="session")
 def toy() -> toy_task.ToyPaths:
     return toy_task.load()
+
+
+def make_session(module, out, policy, ref, opt, sched, tok, resume=False, step=0):
+    """A script's run bookkeeping (Session: checkpoints, resume) on one process, for models built in a test."""
+    args = module.Args(output_dir=str(out), resume=resume)
+    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), distributed=False)
+    state = SimpleNamespace(step=step, round_index=0, round=[], round_start=0, ref_ahead=None, bad_steps=0)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        return module.Session(args, rt, "test", tok, policy, ref, opt, sched, torch.Generator(), state)
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # the Session's own, for the scripts' loops

@@ -8,11 +8,9 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import dpo_humanline
+from conftest import make_session
 from dpo_humanline import Args, collate, dpo_loss, encode_rows, optimizer_step, sync_reference, token_logps
 
 
@@ -40,15 +39,8 @@ def best_worst_pairs(prompts, completions, scores, n, threshold):
 
 
 def session(out, policy, ref, opt, sched, tok, resume=False, step=0):
-    """The script's run bookkeeping (checkpoints) on one process, for models built here."""
-    args = Args(output_dir=str(out), resume=resume)
-    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), distributed=False)
-    state = SimpleNamespace(step=step, round_index=0, round=[], round_start=0, ref_ahead=None, bad_steps=0)
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        return dpo_humanline.Session(args, rt, "dpo", tok, policy, ref, opt, sched, torch.Generator(), state)
-    finally:
-        signal.signal(signal.SIGTERM, handler)
+    return make_session(dpo_humanline, out, policy, ref, opt, sched, tok, resume, step)
+
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

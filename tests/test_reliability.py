@@ -23,11 +23,11 @@ import signal
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 from unittest import mock
 
 import pytest
 import torch
+from conftest import make_session
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 torch.set_num_threads(1)
@@ -603,16 +603,8 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused(script, tmp_path, toy)
     torch.save({"step": 1, "world_size": 1, "extra": Payload(str(marker))}, ckpt / "state-rank0.pt")
     policy = AutoModelForCausalLM.from_pretrained(toy.model)
     opt = torch.optim.AdamW(policy.parameters())
-    args = m.Args(output_dir=str(tmp_path), resume=True)
-    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), distributed=False)
-    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead=None, bad_steps=0)
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(pickle.UnpicklingError):
-            m.Session(args, rt, "x", None, policy, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
-                      torch.Generator(), state)
-    finally:
-        signal.signal(signal.SIGTERM, handler)
+    with pytest.raises(pickle.UnpicklingError):
+        make_session(m, tmp_path, policy, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), None, resume=True)
     assert not marker.exists()
 
 
