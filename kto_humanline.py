@@ -287,7 +287,7 @@ def main():
 
     ref_cache = precompute_ref(policy, [forward_batches(step_batch(s), args, rt.rank, rt.world) for s in range(args.max_steps)],
                                tokenizer, rt) if args.precompute_ref else None
-    session = Session(args, rt, "kto", tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state)  # resumes
+    session = Session(args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state)  # resumes
     evaluate_policy = (lambda: evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)) if eval_prompts else None
     if evaluate_policy and args.eval_every and state.step == 0:  # every curve starts at the starting policy
         session.log({"step": 0} | evaluate_policy())
@@ -777,7 +777,7 @@ def accumulate(sums, metrics):
 
 # the run's bookkeeping: metrics.jsonl, progress bar, SIGTERM, checkpoints, the final save
 class Session:
-    def __init__(self, args, rt, name, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state):
+    def __init__(self, args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state):
         self.args, self.rt, self.tokenizer, self.policy, self.ref, self.state = args, rt, tokenizer, policy, ref, state
         self.optimizer, self.scheduler, self.sampling_gen, self.stop, self.bad_streak = optimizer, scheduler, sampling_gen, [], 0
         ckpt = newest_checkpoint(args.output_dir) if args.resume else None
@@ -795,7 +795,7 @@ class Session:
                 print(f"resumed from {ckpt} at step {state.step}")
         # a SIGTERM (preemption; torchrun passes it on) asks for a checkpoint after the current step and a clean exit
         signal.signal(signal.SIGTERM, lambda signum, frame: self.stop.append(signum))
-        self.bar = tqdm(total=args.max_steps, initial=state.step, desc=f"{name} {os.path.basename(args.output_dir)}",
+        self.bar = tqdm(total=args.max_steps, initial=state.step, desc=os.path.basename(os.path.normpath(args.output_dir)),
                         disable=rt.rank != 0, dynamic_ncols=True)
 
     def log(self, record):

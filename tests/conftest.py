@@ -24,6 +24,6 @@ def make_session(module, out, policy, ref, opt, sched, tok, resume=False, step=0
     state = SimpleNamespace(step=step, round_index=0, round=[], round_start=0, ref_ahead=None, bad_steps=0)
     handler = signal.getsignal(signal.SIGTERM)
     try:
-        return module.Session(args, rt, "test", tok, policy, ref, opt, sched, torch.Generator(), state)
+        return module.Session(args, rt, tok, policy, ref, opt, sched, torch.Generator(), state)
     finally:
         signal.signal(signal.SIGTERM, handler)  # the Session's own, for the scripts' loops
