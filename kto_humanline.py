@@ -22,8 +22,12 @@ which samples `--num_samples` completions per prompt; (best, worst) by reward, k
 rejection, humanline_sampling.py). The README explains the memory options, the deviations and the paper's runs.
 
     python kto_humanline.py --offline --humanline                      # the toy task on a CPU, about two minutes
-    torchrun --standalone --nproc_per_node 8 kto_humanline.py --humanline --micro_batch_size 8 \\
-        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm
+    # the paper's runs (its Table 3 settings; the other variants: README): offline, then online, + humanline
+    torchrun --standalone --nproc_per_node 8 kto_humanline.py --humanline --learning_rate 5e-6 --max_grad_norm 4.0 --micro_batch_size 8 \\
+        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none
+    torchrun --standalone --nproc_per_node 8 kto_humanline.py --online --humanline --learning_rate 2.5e-6 --max_grad_norm 0.1 --micro_batch_size 8 \\
+        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
+        --round_size 1024 --max_new_tokens 2048 --reward_model RLHFlow/ArmoRM-Llama3-8B-v0.1 --trust_remote_code
 """
 
 import importlib
@@ -63,6 +67,7 @@ class Args:
     reward_model: str = field(default="toy", metadata={"help": "Scorer: toy, toy_verify, accuracy, a reward model, or module:function."})
     as_chat: bool = field(default=False, metadata={"help": "Wrap plain-string prompts as a user message (chat template)."})
     system_prompt: str = field(default="", metadata={"help": "With --as_chat, a system message first ('r1': Open-R1's prompt)."})
+    keep_dropout: bool = field(default=False, metadata={"help": "Keep the model's dropout (off by default, as the log-ratios would be mostly its noise)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
     on_bad_reward: Literal["drop", "stop"] = field(default="drop", metadata={"help": "A NaN/None/raising reward: drop the sample (counted) or stop."})
     max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts keep their last tokens (counted)."})
@@ -242,14 +247,13 @@ def token_logps(model, input_ids, attention_mask, loss_mask):
 
 def best_worst_pairs(groups, threshold):
     """ALGO LOGIC: Algorithm 1's pairing: per prompt, (best, worst) of its scored samples if best - worst >= tau.
-    groups: (prompt row, completions, scores); a None score (a bad reward) is left out."""
-    rows = []
-    for row, completions, scores in groups:
+    groups: (prompt_ids, completions, scores), a None score (a bad reward) left out. Returns groups of two."""
+    pairs = []
+    for p, completions, scores in groups:
         ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
         if len(ranked) >= 2 and ranked[-1][0] - ranked[0][0] >= threshold and ranked[-1][1] != ranked[0][1]:
-            rows.append({**row, "chosen": ranked[-1][1], "rejected": ranked[0][1],
-                         "score_chosen": ranked[-1][0], "score_rejected": ranked[0][0]})
-    return rows
+            pairs.append((p, [ranked[-1][1], ranked[0][1]], [ranked[-1][0], ranked[0][0]]))
+    return pairs
 
 
 def main():
@@ -300,15 +304,13 @@ def main():
             rows = [train_prompts[i] for i in round_prompts(len(train_prompts), args.round_size, state.round_index, args.seed)]
             groups, record = sample_and_score(policy, tokenizer, [(args.reward_model, 1.0, scorer)], rows,
                                               args.num_samples, args, args.seed + state.round_index, rt)
-            pairs = best_worst_pairs(groups, args.reward_threshold)
-            encoded, truncated = encode_rows(pairs, tokenizer, args, "sampled", sampled=True)
+            pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
             state.round_index, state.round_start = state.round_index + 1, state.step
             shuffle = torch.Generator().manual_seed(1_000_003 * (args.seed + 1) + state.round_index)
-            examples = [(p, c, d) for p, cs, ds in encoded for c, d in zip(cs, ds)]
+            examples = [(p, c, d) for p, cs, _ in pairs for c, d in zip(cs, (True, False))]
             state.round = [examples[i] for i in torch.randperm(len(examples), generator=shuffle).tolist()]
             session.log({"step": state.step, "online/round": state.round_index, **record, "online/pairs": len(pairs),
-                         "online/kept_frac": len(pairs) / len(rows), "online/truncated_completions": truncated["completions"],
-                         "online/seconds": time.time() - t0})
+                         "online/kept_frac": len(pairs) / len(rows), "online/seconds": time.time() - t0})
             if len(examples) < args.batch_size:
                 raise SystemExit(f"round {state.round_index} kept {len(examples)} examples, fewer than one batch; "
                                  "raise --round_size or lower --reward_threshold")
@@ -362,7 +364,8 @@ def main():
 
 def parse_args(Args, name, ref_free_online, checks):
     """Parse the flags, derive the mode, check every argument: a bad one stops the run with one line naming it."""
-    args = HfArgumentParser(Args).parse_args_into_dataclasses(look_for_args_file=False)[0]
+    args, unknown = HfArgumentParser(Args).parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
+    fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
     explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
     fail(args.humanline and explicit, f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline")
     fail(args.offline and args.online, "choose one of --offline and --online")
@@ -372,21 +375,20 @@ def parse_args(Args, name, ref_free_online, checks):
     fail(args.ref_free == "on" and not ref_free_applies, "--ref_free on needs --sync humanline --sync_every 1"
          + ("" if ref_free_online else " and --offline (online, the next batch is sampled after the update)"))
     args.ref_free = "on" if ref_free_applies and args.ref_free != "off" else "off"
-    for flag in ("max_steps", "batch_size", "micro_batch_size", "sync_every", "max_bad_steps", "round_size", "max_new_tokens",
-                 "generation_batch_size", "num_eval_prompts", "log_every", "max_prompt_length", "dist_timeout"):
-        fail(getattr(args, flag) < 1, f"--{flag} must be at least 1, got {getattr(args, flag)}")
-    for flag in ("learning_rate", "adam_eps", "max_grad_norm", "temperature", "sampling_c"):
-        fail(not getattr(args, flag) > 0, f"--{flag} must be above 0, got {getattr(args, flag)}")
-    for flag in ("eval_every", "save_every", "weight_decay"):
-        fail(getattr(args, flag) < 0, f"--{flag} must be at least 0, got {getattr(args, flag)}")
-    fail(not 0 <= args.warmup_ratio < 1, f"--warmup_ratio must be in [0, 1), got {args.warmup_ratio}")
-    fail(not 0 < args.top_p <= 1, f"--top_p must be in (0, 1], got {args.top_p}")
+    for rule, ok, flags in (("at least 1", lambda v: v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
+                             "round_size max_new_tokens generation_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
+                            ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
+                            ("at least 0", lambda v: v >= 0, "eval_every save_every weight_decay"),
+                            ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"), ("in (0, 1]", lambda v: 0 < v <= 1, "top_p")):
+        for flag in flags.split():
+            fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
     fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}")
     fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
     fail(args.precompute_ref and (args.online or args.sync != "none"), "--precompute_ref needs --offline and --sync none (a reference that never changes)")
     for flag in ("model_name_or_path", "dataset", "eval_prompts", "reward_model"):
-        value = getattr(args, flag)
-        fail(looks_local(value) and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
+        value = getattr(args, flag)  # a path (not a hub name): it starts with ., / or ~ or ends in a data file's extension
+        local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in (".json", ".jsonl", ".parquet", ".csv")
+        fail(local and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
     for bad, message in checks(args):
         fail(bad, message)
     mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "") \
@@ -400,11 +402,6 @@ def parse_args(Args, name, ref_free_online, checks):
 def fail(condition, message):
     if condition:
         raise SystemExit(message)
-
-
-def looks_local(name):
-    """A path rather than a hub name or a built-in: it starts with ., / or ~, or ends with a data file's extension."""
-    return name.startswith((".", "/", "~")) or os.path.splitext(name)[1] in (".json", ".jsonl", ".parquet", ".csv")
 
 
 def setup(args):
@@ -440,10 +437,16 @@ def pretrained(cls, name, args, **kwargs):
 
 
 def load_model(args, toy, rt):
-    """The policy (or a copy for the reference): fp32 weights; with several processes FSDP2, each decoder layer a
-    shard group, bf16 compute on CUDA."""
+    """The policy (or a copy for the reference): fp32 weights, dropout off unless --keep_dropout (with k = 1 the
+    log-ratio of two consecutive policies would be mostly dropout noise); with several processes FSDP2, each
+    decoder layer a shard group, bf16 compute on CUDA."""
     model = pretrained(AutoModelForCausalLM, toy.model if args.model_name_or_path == "toy" else args.model_name_or_path,
                        args, dtype=torch.float32).to(rt.device)
+    for module in model.modules() if not args.keep_dropout else ():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):  # attention dropout passed to the kernel
+            module.attention_dropout = 0.0
     if rt.distributed:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -465,9 +468,9 @@ def make_optimizer(policy, args):
 
 # data
 def load_data(args, kind, tokenizer, toy, rt, need=1):
-    """kind 'preferences': encoded rows of --dataset (encode_rows); 'prompts', 'eval': checked prompt rows of
-    --dataset or --eval_prompts (at most --num_eval_prompts). Any bad row stops the run, naming file, row, column;
-    so do fewer than `need` rows."""
+    """kind 'preferences' or 'examples' (unpaired rows allowed): encoded rows of --dataset (encode_rows); 'prompts',
+    'eval': prompt rows of --dataset or --eval_prompts (at most --num_eval_prompts). Only 'toy' and 'toy:<source>'
+    name the built-in data. A bad row stops the run, naming file, row and column; so do fewer than `need` rows."""
     name = args.eval_prompts if kind == "eval" else args.dataset
     if name == "none" and kind == "eval":
         return []
@@ -480,58 +483,79 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
     datasets.disable_progress_bars()
     try:
         if os.path.isfile(name):  # a local file: plain data formats only, nothing is unpickled
-            with open(name, "rb") as f:
-                fail(not f.read(4096).strip(), f"{name}: no rows")
             builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(os.path.splitext(name)[1])
             fail(builder is None, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
+            with open(name, "rb") as f:
+                fail(not f.read(4096).strip(), f"{name}: no rows")
             rows = datasets.load_dataset(builder, data_files=name, split="train").to_list()
         else:
             rows = datasets.load_dataset(name, split="test" if kind == "eval" else args.dataset_split).to_list()
     except Exception as e:  # noqa: BLE001 (malformed file, unknown dataset, no network: one line)
         cause = e.__cause__ or e
-        raise SystemExit(f"{name}: {type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}") from None
+        raise SystemExit(f"{name}: {type(cause).__name__}: {(str(cause).strip() or ' ').splitlines()[0]}") from None
     fail(not rows, f"{name}: no rows")
     if kind in ("preferences", "examples"):
         encoded, cut = encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
     else:
-        encoded = [prompt_row(r, i, args, name) for i, r in enumerate(rows)][: args.num_eval_prompts if kind == "eval" else None]
-        cut = {"prompts": sum(len(prompt_ids(tokenizer, as_text(r["prompt"], i, "prompt", tokenizer, name))) > args.max_prompt_length
-                              for i, r in enumerate(encoded))}
+        encoded = [prompt_row(r, f"{name}: row {i}", args) for i, r in enumerate(rows)][: args.num_eval_prompts if kind == "eval" else None]
+        cut = {"prompts": sum(len(prompt_ids(tokenizer, as_text(r["prompt"], name, tokenizer))) > args.max_prompt_length for r in encoded)}
     fail(len(encoded) < need, f"{name}: {len(encoded)} rows, fewer than the {need} that one batch or round takes")
     if any(cut.values()) and rt.rank == 0:
         print(f"{name}: truncated {cut} (see --max_prompt_length, --max_length)")
     return encoded
 
 
-def prompt_row(row, i, args, source):
+def prompt_row(row, where, args):
     """A prompt row: 'prompt' (or a math dataset's 'problem'), wrapped as a conversation with --as_chat, with the
     row's other columns (e.g. solution), which go to every scorer."""
     prompt = row.get("prompt", row.get("problem"))
-    fail(prompt is None, f"{source}: row {i}: missing column 'prompt' (or 'problem')")
+    fail(prompt is None, f"{where}: missing column 'prompt' (or 'problem')")
     if args.as_chat and isinstance(prompt, str):
         system = math_rewards.SYSTEM_PROMPTS.get(args.system_prompt, args.system_prompt)
         prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    as_text(prompt, f"{where}, column 'prompt'", None)
     return {**row, "prompt": prompt}
 
 
-def as_text(value, row, column, tokenizer, source, prompt=None, allow_empty=False):
-    """A prompt or completion as text: strings as they are (a completion gets the end token); lists of
-    {"role", "content"} through the chat template (a completion after its prompt). Only samples may be empty."""
-    where = f"{source}: row {row}, column '{column}'"
+def split_prompt(prompt, completions, where):
+    """TRL's dataset formats in one shape: (prompt, completions). Completions that hold whole conversations (with
+    no prompt, a text prompt, or one they repeat) are split after their shared first turns (with one completion:
+    all but its last turn); text completions without a prompt after their common prefix, cut back to a space."""
+    if all(isinstance(c, list) for c in completions) and not (isinstance(prompt, list) and any(c[:len(prompt)] != prompt for c in completions)):
+        n = len(completions[0]) - 1 if len(completions) == 1 else \
+            next((j for j, turns in enumerate(zip(*completions)) if turns.count(turns[0]) < len(turns)), min(map(len, completions)))
+    elif prompt is None and all(isinstance(c, str) for c in completions) and len(completions) > 1:
+        n = os.path.commonprefix(completions).rfind(" ")  # the space starts the completion, as a tokenizer splits words
+    else:
+        return prompt, completions
+    fail(n <= 0, f"{where}: missing column 'prompt' (and the completions do not begin with a shared prompt)")
+    return completions[0][:n], [c[n:] for c in completions]
+
+
+def as_text(value, where, tokenizer, prompt=None):
+    """A prompt (prompt=None) or a completion of `prompt` as text: strings as they are, a completion with the end
+    token; lists of {"role", "content"} through the chat template, a completion cut out of the whole conversation.
+    With tokenizer=None only checks."""
     fail(value is None, f"{where}: missing")
     if isinstance(value, str):
-        fail(not value.strip() and not allow_empty, f"{where}: empty text")
-        return value if prompt is None else value + tokenizer.eos_token
+        fail(not value.strip(), f"{where}: empty text")
+        fail(isinstance(prompt, list), f"{where}: a text completion needs a text prompt")
+        return value if prompt is None or tokenizer is None else value + tokenizer.eos_token
     fail(not isinstance(value, list) or not value, f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}")
     for m in value:
         fail(not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"),
              f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}")
         fail(not isinstance(m.get("content"), str), f"{where}: message content must be a string, got {m.get('content')!r}")
+    fail(prompt is not None and not isinstance(prompt, list), f"{where}: a conversational completion needs a conversational prompt")
+    if tokenizer is None:
+        return None
+    prefix = tokenizer.apply_chat_template(prompt or value, tokenize=False, add_generation_prompt=True)
     if prompt is None:
-        return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
-    fail(not isinstance(prompt, list), f"{where}: a conversational completion needs a conversational prompt")
-    prefix = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    return tokenizer.apply_chat_template(prompt + value, tokenize=False)[len(prefix):]
+        return prefix
+    full = tokenizer.apply_chat_template(prompt + value, tokenize=False)
+    fail(not full.startswith(prefix), f"{where}: the chat template renders the prompt differently inside the whole "
+         "conversation, so the completion cannot be cut out of it")
+    return full[len(prefix):]
 
 
 def prompt_ids(tokenizer, prompt_text):
@@ -539,34 +563,29 @@ def prompt_ids(tokenizer, prompt_text):
     return tokenizer(prompt_text, add_special_tokens=not (tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token)))["input_ids"]
 
 
-def encode_rows(rows, tokenizer, args, source, unpaired_ok=False, sampled=False):
-    """Checked, tokenised rows: (prompt_ids, [completion_ids], labels). A preference row (prompt, chosen, rejected)
-    gives [chosen, rejected] labelled [True, False]; an unpaired row (prompt, completion, label; if unpaired_ok)
-    [completion], [label]; a sampled group (prompt, completions) its completions. The prompt keeps its last
-    --max_prompt_length tokens, a completion its first --max_length - prompt: returns (rows, {what: how many cut})."""
+def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
+    """Checked, tokenised rows: (prompt_ids, [completion_ids], labels). A preference row ([prompt,] chosen, rejected)
+    gives [chosen, rejected] labelled [True, False]; an unpaired row ([prompt,] completion, label; if unpaired_ok)
+    [completion], [label]. The prompt keeps its last --max_prompt_length tokens, a completion its first
+    --max_length - prompt: returns (rows, {what: how many were cut})."""
     out, cut = [], {"prompts": 0, "completions": 0}
     for i, row in enumerate(rows):
-        unpaired, group = unpaired_ok and (row.get("completion") is not None or row.get("label") is not None), "completions" in row
-        columns = ("prompt", "completions") if group else ("prompt", "completion", "label") if unpaired else ("prompt", "chosen", "rejected")
+        unpaired = unpaired_ok and (row.get("completion") is not None or row.get("label") is not None)
+        columns = ("completion", "label") if unpaired else ("chosen", "rejected")
         for column in columns:
-            fail(row.get(column) is None, f"{source}: row {i}: missing column '{column}' (rows need prompt, chosen, rejected"
-                 + (" or prompt, completion, label)" if unpaired_ok else ")"))
-        prompt = as_text(row["prompt"], i, "prompt", tokenizer, source)
-        if group:
-            texts = [as_text(c, i, "completions", tokenizer, source, row["prompt"], True) for c in row["completions"]]
-        elif unpaired:
-            fail(not isinstance(row["label"], bool), f"{source}: row {i}, column 'label': expected a boolean (is the completion desirable?), got {row['label']!r}")
-            texts = [as_text(row["completion"], i, "completion", tokenizer, source, row["prompt"], sampled)]
-        else:
-            texts = [as_text(row[c], i, c, tokenizer, source, row["prompt"], sampled) for c in ("chosen", "rejected")]
-            fail(texts[0] == texts[1], f"{source}: row {i}, columns 'chosen'/'rejected': identical completions")
-        p, limit = prompt_ids(tokenizer, prompt), min(args.max_prompt_length, args.max_length - 1)
+            fail(row.get(column) is None, f"{source}: row {i}: missing column '{column}' (rows need [prompt,] chosen, rejected"
+                 + (" or [prompt,] completion, label)" if unpaired_ok else ")"))
+        fail(unpaired and not isinstance(row["label"], bool), f"{source}: row {i}, column 'label': expected a boolean (is the completion desirable?), got {row.get('label')!r}")
+        prompt, completions = split_prompt(row.get("prompt"), [row[c] for c in columns[: 1 if unpaired else 2]], f"{source}: row {i}")
+        p = prompt_ids(tokenizer, as_text(prompt, f"{source}: row {i}, column 'prompt'", tokenizer))
+        texts = [as_text(c, f"{source}: row {i}, column '{column}'", tokenizer, prompt) for c, column in zip(completions, columns)]
+        fail(not unpaired and texts[0] == texts[1], f"{source}: row {i}, columns 'chosen'/'rejected': identical completions")
+        limit = min(args.max_prompt_length, args.max_length - 1)  # room for one completion token
         cut["prompts"] += len(p) > limit
         p = p[-limit:]
         completions = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         cut["completions"] += sum(len(p) + len(c) > args.max_length for c in completions)
-        labels = None if group else [row["label"]] if unpaired else [True, False]
-        out.append((p, [c[: args.max_length - len(p)] for c in completions], labels))
+        out.append((p, [c[: args.max_length - len(p)] for c in completions], [row["label"]] if unpaired else [True, False]))
     return out, cut
 
 
@@ -586,22 +605,25 @@ def make_scorer(name, args, rt):
             raise SystemExit(f"{name}: {type(e).__name__}: {e}") from None
     rm = pretrained(AutoModelForSequenceClassification, name, args).to(rt.device).eval()
     rm_tok = pretrained(AutoTokenizer, name, args)
+    rm_tok.pad_token = rm_tok.pad_token or rm_tok.eos_token  # the score is read at each row's last non-pad token
+    rm.config.pad_token_id = rm_tok.pad_token_id
 
     @torch.no_grad()
     def score(prompts, completions, **_):
-        if rm_tok.chat_template and isinstance(prompts[0], list):
-            texts = [rm_tok.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False) for p, c in zip(prompts, completions)]
-        else:
-            texts = [p + c for p, c in zip(prompts, completions)]
-        enc = rm_tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=args.max_length).to(rt.device)
-        return rm(**enc).logits[:, 0].float().tolist()
+        """The chat template's rendering (its BOS once) where the RM has one and the prompts are conversations."""
+        chat = rm_tok.chat_template and isinstance(prompts[0], list)
+        texts = [rm_tok.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False) if chat else p + c
+                 for p, c in zip(prompts, completions)]
+        enc = rm_tok.pad({"input_ids": [prompt_ids(rm_tok, t) for t in texts]}, padding_side="right", return_tensors="pt")
+        out = rm(**enc.to(rt.device))
+        return (out.score if hasattr(out, "score") else out.logits).float().reshape(len(texts), -1)[:, 0].tolist()  # ArmoRM: score
 
     return score
 
 
-def score_samples(scorer, prompts, completions, columns):
-    """Each sample's reward, or None where the scorer gives NaN, inf, None or a non-number, or raises (a call that
-    raises is retried one sample at a time). Returns (scores, bad: [(index, what the scorer did)])."""
+def score_samples(name, scorer, prompts, completions, columns):
+    """Each sample's reward, or None where it is NaN, inf, None or not a number, or the scorer raises on it (a call
+    that raises is retried one sample at a time). Returns (scores, bad {index: what the scorer did})."""
     def call(idx):
         out = list(scorer([prompts[j] for j in idx], [completions[j] for j in idx], **{k: [v[j] for j in idx] for k, v in columns.items()}))
         if len(out) != len(idx):
@@ -617,41 +639,39 @@ def score_samples(scorer, prompts, completions, columns):
                 raw += call([j])
             except Exception as e:  # noqa: BLE001 (recorded for --on_bad_reward)
                 raw.append(e)
-    scores, bad = [], []
+    scores, bad = [], {}
     for j, r in enumerate(raw):
         try:
-            value = None if isinstance(r, (Exception, str, bytes)) else float(r)
+            scores.append(None if isinstance(r, (Exception, str, bytes)) or not math.isfinite(float(r)) else float(r))
         except (TypeError, ValueError):
-            value = None
-        if value is None or not math.isfinite(value):
-            bad.append((j, f"raised {type(r).__name__}: {r}" if isinstance(r, Exception) else f"is {r!r}"))
-            value = None
-        scores.append(value)
+            scores.append(None)
+        if scores[-1] is None:
+            bad[j] = f"reward {name} of prompt {prompts[j]!r} " + (f"raised {type(r).__name__}: {r}" if isinstance(r, Exception) else f"is {r!r}")
     return scores, bad
 
 
-def bad_reward_message(bad):
-    prompt, sample, what = bad[0]
-    return (f"the reward of sample {sample} of prompt {prompt!r} {what} ({len(bad)} bad rewards in this batch); "
-            "--on_bad_reward drop would leave such samples out")
-
-
 @torch.no_grad()
-def generate(model, tokenizer, prompt_texts, n, args, greedy, seed):
-    """n completions per prompt (grouped per prompt), --generation_batch_size prompts per call, with the KV cache."""
+def generate(model, tokenizer, prompts, n, args, greedy, seed):
+    """n completions per prompt (token ids, grouped per prompt), --generation_batch_size prompts per call, with the
+    KV cache. A completion stops at an end token (kept), the one the chat template ends a turn with included; one
+    cut at --max_new_tokens has none. Returns (completions, whether each finished)."""
     model.eval()
     torch.manual_seed(seed)
-    tokenizer.padding_side, out = "left", []
-    for i in range(0, len(prompt_texts), args.generation_batch_size):
-        ids = [prompt_ids(tokenizer, t)[-args.max_prompt_length:] for t in prompt_texts[i: i + args.generation_batch_size]]
-        enc = tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(next(model.parameters()).device)
+    ends = [tokenizer.eos_token_id]
+    if tokenizer.chat_template:  # e.g. <|eot_id|>: the first token after an assistant message
+        after = tokenizer.apply_chat_template([{"role": "user", "content": "?"}, {"role": "assistant", "content": "!!"}], tokenize=False).rsplit("!!", 1)[1]
+        ends += [t for t in tokenizer(after, add_special_tokens=False)["input_ids"][:1] if t in tokenizer.added_tokens_decoder]
+    out, finished = [], []
+    for i in range(0, len(prompts), args.generation_batch_size):
+        enc = tokenizer.pad({"input_ids": prompts[i: i + args.generation_batch_size]}, padding_side="left", return_tensors="pt")
         sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
-        seqs = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=n, pad_token_id=tokenizer.pad_token_id,
-                              synced_gpus=dist.is_initialized(), use_cache=True, **sampling)
-        out += tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    tokenizer.padding_side = "right"
+        seqs = model.generate(**enc.to(next(model.parameters()).device), max_new_tokens=args.max_new_tokens, num_return_sequences=n,
+                              eos_token_id=ends, pad_token_id=tokenizer.pad_token_id, synced_gpus=dist.is_initialized(), use_cache=True, **sampling)
+        for s in seqs[:, enc["input_ids"].shape[1]:].tolist():
+            out.append(next((s[: j + 1] for j, t in enumerate(s) if t in ends), s))
+            finished.append(out[-1][-1] in ends)
     model.train()
-    return out
+    return out, finished
 
 
 def round_prompts(n_prompts, round_size, round_index, seed):
@@ -661,59 +681,48 @@ def round_prompts(n_prompts, round_size, round_index, seed):
     return order[pos * round_size: (pos + 1) * round_size].tolist()
 
 
-def sample_and_score(policy, tokenizer, scorers, rows, n, args, seed, rt):
-    """n samples for each prompt row, scored by the weighted sum of scorers [(name, weight, fn)] (fn gets the rows'
-    other columns). Each process samples its share; all get every (row, completions, scores) and the record."""
+def sample_and_score(policy, tokenizer, scorers, rows, n, args, seed, rt, prefix="online"):
+    """n samples of each prompt row (greedy for prefix 'eval'), scored by the weighted sum of scorers [(name, weight,
+    fn)], each given the rows' other columns too. Each process samples its share; every process gets all groups
+    (row, prompt_ids, [completion_ids], [score, None where a scorer failed]) and the record: the mean reward of the
+    scored samples, bad and truncated counts, each scorer's mean. A scorer failing on every sample stops the run."""
     mine = rows[rt.rank::rt.world]
     padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
-    texts = [as_text(r["prompt"], i, "prompt", tokenizer, "prompts") for i, r in enumerate(padded)]
-    completions = generate(policy, tokenizer, texts, n, args, greedy=False, seed=seed * 1000 + rt.rank)[: len(mine) * n]
+    prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer))[-args.max_prompt_length:] for r in padded]
+    completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval", seed * 1000 + rt.rank)
+    completions, cut = completions[: len(mine) * n], sum(not f or len(prompts[j // n]) + len(c) > args.max_length
+                                                          for j, (c, f) in enumerate(zip(completions[: len(mine) * n], finished)))
     flat = [r for r in mine for _ in range(n)]
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     columns = {k: [r[k] for r in flat] for k in (flat[0] if flat else {}) if k != "prompt"}
-    per_fn, bad = [], {}
+    per_fn, bad, fatal = [], {}, []
     for name, _, fn in scorers:
-        fn_scores, fn_bad = score_samples(fn, [r["prompt"] for r in flat], completions, columns)
+        fn_scores, fn_bad = score_samples(name, fn, [r["prompt"] for r in flat], texts, columns)
         per_fn.append(fn_scores)
-        for j, what in fn_bad:
-            bad.setdefault(j, f"{what} ({name})")
-    scores = [None if j in bad else sum(w * s[j] for (_, w, _), s in zip(scorers, per_fn)) for j in range(len(completions))]
+        bad = fn_bad | bad
+        fatal += list(fn_bad.values())[:1] if fn_bad and len(fn_bad) == len(texts) else []
+    scores = [None if j in bad else sum(w * s[j] for (_, w, _), s in zip(scorers, per_fn)) for j in range(len(texts))]
     good = [j for j, s in enumerate(scores) if s is not None]
-    stats = torch.tensor([sum(scores[j] for j in good), len(good), len(bad)] + [sum(s[j] for j in good) for s in per_fn], dtype=torch.float64)
-    groups, bad = [(r, completions[i * n: (i + 1) * n], scores[i * n: (i + 1) * n]) for i, r in enumerate(mine)], \
-        [(flat[j]["prompt"], j % n, what) for j, what in sorted(bad.items())]
-    if rt.world > 1:
+    stats = torch.tensor([sum(scores[j] for j in good), len(good), len(bad), cut] + [sum(s[j] for j in good) for s in per_fn], dtype=torch.float64)
+    groups = [(r, prompts[i], [c[: args.max_length - len(prompts[i])] for c in completions[i * n: (i + 1) * n]], scores[i * n: (i + 1) * n])
+              for i, r in enumerate(mine)]
+    bad = list(bad.values())
+    if rt.world > 1:  # every process gets every group and failure: all go on or stop together
         gathered = [None] * rt.world
-        dist.all_gather_object(gathered, (groups, bad))
-        groups, bad = [g for part, _ in gathered for g in part], [b for _, part in gathered for b in part]
+        dist.all_gather_object(gathered, (groups, bad, fatal))
+        groups, bad, fatal = ([x for part in gathered for x in part[i]] for i in range(3))
         dist.all_reduce(stats)
-    if bad and args.on_bad_reward == "stop":  # every process has every bad sample: all stop together
-        raise SystemExit(bad_reward_message(bad))
-    record = {"online/sample_reward": (stats[0] / stats[1].clamp(min=1)).item(), "online/bad_rewards": int(stats[2])}
-    if len(scorers) > 1:
-        record |= {f"online/rewards/{name}": (s / stats[1]).item() for (name, _, _), s in zip(scorers, stats[3:])}
-    return groups, record
+    fail(fatal, f"stopping, a scorer failed on every sample: the {fatal[0] if fatal else ''}")
+    fail(bad and args.on_bad_reward == "stop", f"stopping: the {bad[0] if bad else ''} ({len(bad)} bad rewards in this batch); "
+         "--on_bad_reward drop would leave such samples out")
+    record = {f"{prefix}/reward": (stats[0] / stats[1]).item(), f"{prefix}/bad_rewards": int(stats[2]), f"{prefix}/truncated_completions": int(stats[3])}
+    return groups, record | ({f"{prefix}/{name}": (s / stats[1]).item() for (name, _, _), s in zip(scorers, stats[4:])} if len(scorers) > 1 else {})
 
 
-@torch.no_grad()
 def evaluate(policy, tokenizer, scorer, rows, args, rt):
-    """Mean reward (and exact accuracy on the toy task) of greedy completions of held-out prompt rows."""
-    mine = rows[rt.rank::rt.world]
-    padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))
-    texts = [as_text(r["prompt"], i, "prompt", tokenizer, "eval") for i, r in enumerate(padded)]
-    completions = generate(policy, tokenizer, texts, 1, args, greedy=True, seed=0)[: len(mine)]
-    columns = {k: [r[k] for r in mine] for k in (mine[0] if mine else {}) if k != "prompt"}
-    scores, bad = score_samples(scorer, [r["prompt"] for r in mine], completions, columns)
-    good = [s for s in scores if s is not None]
-    sums = [sum(good), len(good), len(mine), len(bad)]
-    if args.reward_model.startswith("toy"):
-        sums.append(sum(toy_task.verify([r["prompt"] for r in mine], completions)))
-    sums = torch.tensor(sums, dtype=torch.float64)
-    if rt.world > 1:
-        dist.all_reduce(sums)
-    if sums[3] and args.on_bad_reward == "stop":  # the process with the bad sample names it
-        raise SystemExit(bad_reward_message([(mine[j]["prompt"], 0, what) for j, what in bad]) if bad else "a bad reward in evaluation")
-    out = {"eval/reward": (sums[0] / sums[1].clamp(min=1)).item(), "eval/bad_rewards": int(sums[3])}
-    return out | ({"eval/accuracy": (sums[4] / sums[2]).item()} if len(sums) > 4 else {})
+    """Mean reward of greedy completions of held-out prompt rows (on the toy task also the exact accuracy)."""
+    toy_accuracy = [("accuracy", 0.0, toy_task.verify)] if args.reward_model.startswith("toy") else []
+    return sample_and_score(policy, tokenizer, [("reward", 1.0, scorer)] + toy_accuracy, rows, 1, args, 0, rt, prefix="eval")[1]
 
 
 # reference log-probs computed ahead (--ref_free, --precompute_ref)

@@ -1,4 +1,4 @@
-"""Reward functions that misbehave, for tests/test_reliability.py: passed to the scripts as
+"""Reward functions for the tests (some misbehave on purpose): passed to the scripts as
 `--reward_model tests.faulty_rewards:flaky` (or in GRPO's --reward_funcs), the way a user passes their own
 module:function."""
 
@@ -23,3 +23,18 @@ def flaky(prompts, completions, **columns):
             raise ValueError(f"cannot score {c!r}")
         out.append({1: math.nan, 2: None, 3: math.inf}.get(k, toy_task.reward([p], [c])[0]))
     return out
+
+
+def always_raises(prompts, completions, **columns):
+    """A reward that fails on every sample (a missing column, a wrong signature): the run must stop and say why."""
+    raise KeyError("solution")
+
+
+def length(prompts, completions, **columns):
+    """Any model's reward: the completion's length in characters."""
+    return [float(len(c)) for c in completions]
+
+
+def solution_length(prompts, completions, solution, **columns):
+    """Needs the dataset's extra 'solution' column (as a math accuracy reward does)."""
+    return [float(len(c) == len(s)) + len(c) / 100 for c, s in zip(completions, solution)]

@@ -371,8 +371,7 @@ def test_recorded_sampler_logps_equal_the_training_forward_exactly(toy_model, ra
     args = Args(batch_size=4, micro_batch_size=2)
     texts = [("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"), ("100+200=", "0+0+0=00;0+0+0=00;1+2+0=03>0300"),
              ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
-    pairs, _ = encode_rows([{"prompt": p, "completions": [c]} for p, c in texts], tok, args, "sampled")
-    seqs = [(p, c, 1.0, 1.0, None) for p, (c,), _ in pairs][:8]  # two steps of 4
+    seqs = [(tok(p)["input_ids"], tok(c + tok.eos_token)["input_ids"], 1.0, 1.0, None) for p, c in texts][:8]  # two steps of 4
     rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False))
     recorded = record_sampler_logps(model, seqs, tok.pad_token_id, args, rt)
     mine = set()
@@ -404,14 +403,16 @@ def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):
     groups, record = sample_and_score(model, tok, reward_fns, rows, 3, args, 1, rt)
     assert seen["solution"] == ["912"] * 3 + ["300"] * 3  # the other columns reach the reward functions
     scores = [1.0 + 8.0 * k for k in range(6)]
-    assert [(g[0], g[2], len(g[1])) for g in groups] == [(rows[0], scores[:3], 3), (rows[1], scores[3:], 3)]
-    assert record == {"online/sample_reward": sum(scores) / 6, "online/bad_rewards": 0,
-                      "online/rewards/ones": 1.0, "online/rewards/count": 15 / 6}
-    pairs = best_worst_pairs(groups, 0.5)  # best and worst of each prompt's 3 samples (unless identical), raw scores
+    assert [(g[0], g[1], g[3], len(g[2])) for g in groups] == [(rows[0], tok("123+789=")["input_ids"], scores[:3], 3),
+                                                               (rows[1], tok("100+200=")["input_ids"], scores[3:], 3)]
+    assert record == {"online/reward": sum(scores) / 6, "online/bad_rewards": 0, "online/truncated_completions": 0,
+                      "online/ones": 1.0, "online/count": 15 / 6}
+    pairs = best_worst_pairs([g[1:] for g in groups], 0.5)  # best and worst of each prompt's 3 samples (unless identical), raw scores
     assert len(pairs) <= 2
-    for r in pairs:
-        i = rows.index({"prompt": r["prompt"], "solution": r["solution"]})
-        assert [r["score_chosen"], r["score_rejected"]] == [scores[3 * i + 2], scores[3 * i]] and r["chosen"] != r["rejected"]
+    for p, (best, worst), pair_scores in pairs:
+        i = [g[1] for g in groups].index(p)
+        assert pair_scores == [scores[3 * i + 2], scores[3 * i]] and best != worst
+        assert [best, worst] == [groups[i][2][2], groups[i][2][0]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -448,7 +449,7 @@ class Run:
 
     @property
     def rounds(self):
-        return [r for r in self.records if "online/sample_reward" in r]
+        return [r for r in self.records if "online/reward" in r]
 
 
 @pytest.fixture(scope="module")
@@ -546,9 +547,9 @@ def test_resume_restores_the_sample_buffer_and_the_learning_rate(grpo_run, tmp_p
     assert resumed.records[: len(resumed.records) - 4] == [r for r in full.records if r["step"] <= 2]  # kept as they were
     new = [r for r in resumed.records if r["step"] > 2]
     # steps 3 and 4 train on the restored buffer (with its sampler log-probs), then a new round is sampled
-    assert [r["step"] for r in new] == [3, 4, 4, 5] and "online/sample_reward" in new[2]
+    assert [r["step"] for r in new] == [3, 4, 4, 5] and "online/reward" in new[2]
     for a, b in zip(full.records[-4:], new):
-        for k in ("loss", "grad_norm", "lr", "kl", "ratio/abs_log", "online/sample_reward", "eval/reward"):
+        for k in ("loss", "grad_norm", "lr", "kl", "ratio/abs_log", "online/reward", "eval/reward"):
             assert (k in a) == (k in b)
             if k in a:  # step 4 also checks that step 3 updated with the scheduled lr, not the initial one
                 assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-9), (a["step"], k, a[k], b[k])

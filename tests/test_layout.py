@@ -130,4 +130,4 @@ def test_the_real_command_line_prints_one_line_and_exits_1(files, toy):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"{files / 'no_rejected.jsonl'}: row 0: missing column 'rejected' "
-                                                "(rows need prompt, chosen, rejected)"]
+                                                "(rows need [prompt,] chosen, rejected)"]

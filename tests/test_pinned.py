@@ -58,7 +58,7 @@ def modes(algo):
 
 RUNS = {f"{algo}-{name}": (f"{algo}_humanline.py", [*BASE, *flags]) for algo in ("dpo", "kto", "grpo")
         for name, flags in modes(algo).items()}
-PINNED_KEYS = ("loss", "grad_norm", "online/sample_reward", "humanline/clamped_frac")
+PINNED_KEYS = ("loss", "grad_norm", "online/reward", "humanline/clamped_frac")
 
 
 def run_in_process(script, flags, out):

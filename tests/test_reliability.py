@@ -117,7 +117,7 @@ def steps(out):
 
 
 def rounds(out):
-    return {r["step"]: r for r in records(out) if "online/sample_reward" in r}
+    return {r["step"]: r for r in records(out) if "online/reward" in r}
 
 
 def checkpoints(out):
@@ -145,7 +145,7 @@ def same_runs(a, b, from_step=1, keys=("loss", "grad_norm", "lr", "rewards/margi
     ra, rb = rounds(a), rounds(b)
     assert sorted(ra) == sorted(rb)
     for s in ra:
-        for k in ("online/sample_reward", "online/pairs", "online/bad_rewards"):
+        for k in ("online/reward", "online/pairs", "online/bad_rewards"):
             assert ra[s].get(k) == rb[s].get(k), (s, k)
 
 
@@ -220,7 +220,7 @@ def test_bad_prompts_for_sampling_or_evaluation_are_named(script, tok):
     m = MODULES[script]
     for prompt, message in [(None, "missing"), ("", "empty text"), ([{"role": "user"}], "content must be a string")]:
         with pytest.raises(SystemExit) as e:
-            m.as_text(m.prompt_row({"prompt": prompt}, 1, m.Args(), "prompts.jsonl")["prompt"], 1, "prompt", tok, "prompts.jsonl")
+            m.prompt_row({"prompt": prompt}, "prompts.jsonl: row 1", m.Args())
         assert str(e.value).startswith("prompts.jsonl: row 1") and message in str(e.value)
 
 
@@ -289,13 +289,13 @@ def test_score_samples_finds_each_bad_reward(script):
             raise RuntimeError("scorer crashed")
         return [{"nan": math.nan, "none": None, "inf": -math.inf, "text": "high"}.get(c, len(c) / 10) for c in completions]
 
-    scores, bad = m.score_samples(scorer, ["p"] * 6, ["ab", "nan", "none", "boom", "inf", "text"], {})
+    scores, bad = m.score_samples("mine", scorer, ["p"] * 6, ["ab", "nan", "none", "boom", "inf", "text"], {})
     assert scores == [0.2, None, None, None, None, None]
-    assert [j for j, _ in bad] == [1, 2, 3, 4, 5]
-    assert "raised RuntimeError: scorer crashed" in bad[2][1] and "nan" in bad[0][1]
-    scores, bad = m.score_samples(lambda p, c, **k: [1.0], ["p"] * 2, ["a", "b"], {})  # wrong length: each sample alone
+    assert list(bad) == [1, 2, 3, 4, 5]
+    assert bad[3] == "reward mine of prompt 'p' raised RuntimeError: scorer crashed" and bad[1].endswith("is nan")
+    scores, bad = m.score_samples("one", lambda p, c, **k: [1.0], ["p"] * 2, ["a", "b"], {})  # wrong length: each sample alone
     assert scores == [1.0, 1.0] and not bad
-    pairs = m.best_worst_pairs([({"prompt": "p"}, ["a", "b"], [None, 0.5]), ({"prompt": "q"}, ["c", "d"], [0.9, None])], 0.0)
+    pairs = m.best_worst_pairs([([1], ["a", "b"], [None, 0.5]), ([2], ["c", "d"], [0.9, None])], 0.0)
     assert pairs == []  # a prompt with fewer than two good samples gives no pair
 
 
@@ -321,7 +321,7 @@ def test_on_bad_reward_stop_names_the_prompt(tmp_path, toy):
     with pytest.raises(SystemExit) as e:
         run_here("kto_humanline.py", [*ONLINE["kto_humanline.py"], "--max_steps", "2", "--on_bad_reward", "stop",
                                       "--reward_model", "tests.faulty_rewards:flaky"], tmp_path)
-    assert re.fullmatch(r"the reward of sample \d of prompt '\d+\+\d+=' (is (nan|inf|None)|raised ValueError: cannot score .*)( \(\S+\))? "
+    assert re.fullmatch(r"stopping: the reward tests.faulty_rewards:flaky of prompt '\d+\+\d+=' (is (nan|inf|None)|raised ValueError: cannot score .*) "
                         r"\(\d+ bad rewards in this batch\); --on_bad_reward drop would leave such samples out", str(e.value)), str(e.value)
     assert not steps(str(tmp_path))  # stopped in the first round, before any update
 

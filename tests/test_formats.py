@@ -1,0 +1,326 @@
+"""Real-shaped data, end to end: every dataset format of TRL that applies to a script, on a local file in exactly
+that shape, trained for two steps with a tiny randomly initialised Llama whose tokenizer has a Llama-3-style chat
+template (special tokens, a BOS written by the template) built here. Also: the reward-model scorer, the end token
+of sampled completions, dropout, a scorer that fails on every sample, and the commands in the docstrings and the
+README, parsed by each script's own parser."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import runpy
+import shlex
+import signal
+import sys
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
+
+import dpo_humanline
+import grpo_humanline
+import kto_humanline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = {"dpo": dpo_humanline, "kto": kto_humanline, "grpo": grpo_humanline}
+BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
+SPECIAL = [BOS, EOS, EOT, "<|start_header_id|>", "<|end_header_id|>", "<unk>"]
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+            "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+def chat_tokenizer():
+    """One token per character, Llama-3's special tokens, BOS added to plain text, no pad token."""
+    vocab = {t: i for i, t in enumerate(SPECIAL + [chr(c) for c in range(32, 127)] + ["\n"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, unk_token="<unk>")
+    tokenizer.add_special_tokens({"additional_special_tokens": [EOT, "<|start_header_id|>", "<|end_header_id|>"]})
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def tiny_config(tokenizer, **kw):
+    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **kw)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A directory holding the tiny chat model and its tokenizer, as from_pretrained reads a hub model."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = chat_tokenizer()
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_config(tokenizer)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def assistant(text):
+    return {"role": "assistant", "content": text}
+
+
+QUESTIONS = [(f"What is {a} plus {b}?", f" It is {a + b}.", f" It is {a + b + 1}.") for a in range(4) for b in range(4)]
+PREFERENCE_SHAPES = {  # TRL's names for them
+    "standard": [{"prompt": q, "chosen": c, "rejected": r} for q, c, r in QUESTIONS],
+    "standard-implicit-prompt": [{"chosen": q + c, "rejected": q + r} for q, c, r in QUESTIONS],
+    "conversational": [{"prompt": [user(q)], "chosen": [assistant(c)], "rejected": [assistant(r)]} for q, c, r in QUESTIONS],
+    "conversational-implicit-prompt": [{"chosen": [user(q), assistant(c)], "rejected": [user(q), assistant(r)]} for q, c, r in QUESTIONS],
+    "text-prompt-repeated-in-conversations": [  # princeton-nlp/llama3-ultrafeedback-armorm
+        {"prompt": q, "chosen": [user(q), assistant(c)], "rejected": [user(q), assistant(r)]} for q, c, r in QUESTIONS],
+}
+UNPAIRED_SHAPES = {
+    "unpaired-standard": [{"prompt": q, "completion": x, "label": x == c} for q, c, r in QUESTIONS for x in (c, r)],
+    "unpaired-conversational": [{"prompt": [user(q)], "completion": [assistant(x)], "label": x == c} for q, c, r in QUESTIONS for x in (c, r)],
+    "unpaired-text-prompt-repeated": [{"prompt": q, "completion": [user(q), assistant(x)], "label": x == c} for q, c, r in QUESTIONS for x in (c, r)],
+}
+PROMPT_SHAPES = {
+    "prompt-only-standard": [{"prompt": q} for q, _, _ in QUESTIONS],
+    "prompt-only-conversational": [{"prompt": [user(q)]} for q, _, _ in QUESTIONS],
+    "problem-and-solution": [{"problem": q, "solution": c.strip()} for q, c, _ in QUESTIONS],
+}
+
+
+def args_for(module, **kw):
+    return module.Args(max_length=256, max_prompt_length=128, **kw)
+
+
+@pytest.mark.parametrize("shape", PREFERENCE_SHAPES)
+def test_every_preference_shape_encodes_as_its_explicit_form(llama, shape):
+    """The implicit and repeated-prompt shapes give exactly the token ids of the explicit shape: one BOS (the
+    template's), the prompt, and a completion ending in the template's <|eot_id|> (text: in the end token)."""
+    tokenizer = dpo_humanline.load_tokenizer(args_for(dpo_humanline, model_name_or_path=llama, dataset="x.jsonl",
+                                                      eval_prompts="none"))[0]
+    encoded, cut = dpo_humanline.encode_rows(PREFERENCE_SHAPES[shape], tokenizer, args_for(dpo_humanline), "data.jsonl")
+    explicit = "conversational" if "conversation" in shape else "standard"
+    expected = dpo_humanline.encode_rows(PREFERENCE_SHAPES[explicit], tokenizer, args_for(dpo_humanline), "data.jsonl")[0]
+    if shape == "standard-implicit-prompt":  # text: the prompt ends at the last space the two completions share
+        assert [(p + c, p + r) for p, (c, r), _ in encoded] == [(p + c, p + r) for p, (c, r), _ in expected]
+        assert tokenizer.decode(encoded[5][0], skip_special_tokens=True) == QUESTIONS[5][0] + " It is"
+    else:
+        assert encoded == expected
+    assert cut == {"prompts": 0, "completions": 0}
+    (p, (c, r), labels), q = expected[5], QUESTIONS[5]
+    assert labels == [True, False] and p.count(tokenizer.bos_token_id) == 1 and p[0] == tokenizer.bos_token_id
+    end = tokenizer.convert_tokens_to_ids(EOT if explicit == "conversational" else EOS)
+    assert c[-1] == r[-1] == end and tokenizer.decode(c, skip_special_tokens=True).strip() == q[1].strip()
+    if explicit == "conversational":
+        assert tokenizer.decode(p).endswith(f"user<|end_header_id|>\n\n{q[0]}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def train(script, extra, out):
+    """The real script in this process (runpy): two steps; returns the records of metrics.jsonl."""
+    handler = signal.getsignal(signal.SIGTERM)
+    argv = [script, "--max_steps", "2", "--batch_size", "4", "--micro_batch_size", "2", "--eval_every", "0",
+            "--save_every", "0", "--max_length", "256", "--max_prompt_length", "128", *extra, "--output_dir", str(out)]
+    try:
+        with mock.patch.object(sys, "argv", argv), contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+CASES = [("dpo", s, PREFERENCE_SHAPES[s], []) for s in PREFERENCE_SHAPES] \
+    + [("kto", s, rows, []) for s, rows in UNPAIRED_SHAPES.items()] \
+    + [("kto", "conversational-implicit-prompt", PREFERENCE_SHAPES["conversational-implicit-prompt"], []),
+       ("grpo", "text-prompt-repeated-in-conversations", PREFERENCE_SHAPES["text-prompt-repeated-in-conversations"], [])] \
+    + [("grpo", s, rows, ["--online", "--num_generations", "4", "--max_new_tokens", "6", "--reward_funcs",
+                          "tests.faulty_rewards:solution_length" if "solution" in s else "tests.faulty_rewards:length"]
+        + (["--as_chat"] if s == "prompt-only-standard" else [])) for s, rows in PROMPT_SHAPES.items()] \
+    + [(a, "prompt-only-conversational", PROMPT_SHAPES["prompt-only-conversational"],
+        ["--online", "--round_size", "8", "--num_samples", "4", "--max_new_tokens", "6", "--reward_threshold", "0",
+         "--reward_model", "tests.faulty_rewards:length"]) for a in ("dpo", "kto")]
+
+
+@pytest.mark.parametrize("algo, shape, rows, extra", CASES, ids=[f"{a}-{s}{'-online' if e else ''}" for a, s, _, e in CASES])
+def test_each_shape_trains_end_to_end(llama, tmp_path, algo, shape, rows, extra):
+    data = write(tmp_path / "data.jsonl", rows)
+    records = train(f"{algo}_humanline.py", ["--model_name_or_path", llama, "--dataset", data, "--eval_prompts", "none",
+                                             "--humanline", *extra], tmp_path / "run")
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["loss"] == r["loss"] for r in steps)
+    if extra:
+        sampled = next(r for r in records if "online/round" in r and "online/reward" in r)
+        assert sampled["online/bad_rewards"] == 0 and 0 <= sampled["online/truncated_completions"]
+
+
+def test_a_toy_named_file_is_a_file(tmp_path, monkeypatch):
+    """Only 'toy' and 'toy:<source>' mean the built-in data: toy_mine.jsonl trains on its own two rows."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "toy_mine.jsonl", [{"prompt": "1+1=", "chosen": "1+1+0=02>002", "rejected": "3"}] * 2)
+    args = args_for(dpo_humanline, dataset="toy_mine.jsonl", eval_prompts="none", batch_size=2)
+    tokenizer, toy = dpo_humanline.load_tokenizer(args)
+    rt = SimpleNamespace(rank=0, world=1)
+    assert len(dpo_humanline.load_data(args, "preferences", tokenizer, toy, rt)) == 2
+    with pytest.raises(SystemExit, match="toy_mine.jsonl: 2 rows, fewer than the 3"):
+        dpo_humanline.load_data(args, "preferences", tokenizer, toy, rt, need=3)
+
+
+def test_a_chat_template_that_renders_the_prompt_differently_is_an_error_naming_the_row(llama):
+    tokenizer = chat_tokenizer()
+    tokenizer.chat_template = "{% if not add_generation_prompt %}#{% endif %}" + TEMPLATE
+    rows = PREFERENCE_SHAPES["conversational"][:3]
+    with pytest.raises(SystemExit, match=r"data.jsonl: row 0, column 'chosen': the chat template renders the prompt differently"):
+        dpo_humanline.encode_rows(rows, tokenizer, args_for(dpo_humanline), "data.jsonl")
+
+
+@pytest.mark.parametrize("row, match", [
+    ({"chosen": "same start", "rejected": "different"}, "row 0: missing column 'prompt'"),
+    ({"chosen": [user("q"), assistant("a")], "rejected": [user("other"), assistant("b")]}, "row 0: missing column 'prompt'"),
+    ({"prompt": [user("q")], "chosen": "text", "rejected": "text 2"}, "a text completion needs a text prompt"),
+])
+def test_rows_whose_prompt_cannot_be_found_name_the_row(row, match):
+    with pytest.raises(SystemExit, match=match):
+        dpo_humanline.encode_rows([row], chat_tokenizer(), args_for(dpo_humanline), "data.jsonl")
+
+
+def test_sampled_completions_end_in_the_templates_end_token_or_are_cut(llama):
+    """A random model samples nearly uniformly: some completions stop at <|eot_id|> or the end token (kept), the
+    rest are cut at --max_new_tokens and have no end token; the cut ones are counted."""
+    tokenizer = dpo_humanline.load_tokenizer(args_for(dpo_humanline, model_name_or_path=llama, eval_prompts="none", dataset="x.jsonl"))[0]
+    model = LlamaForCausalLM.from_pretrained(llama)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()  # every logit 0: uniform sampling
+    args = args_for(dpo_humanline, max_new_tokens=12, generation_batch_size=8, temperature=1.0, top_p=1.0)
+    prompts = [tokenizer.apply_chat_template([user(q)], tokenize=False, add_generation_prompt=True) for q, _, _ in QUESTIONS]
+    ids = [dpo_humanline.prompt_ids(tokenizer, t) for t in prompts]
+    assert all(p.count(tokenizer.bos_token_id) == 1 for p in ids)
+    completions, finished = dpo_humanline.generate(model, tokenizer, ids, 8, args, greedy=False, seed=0)
+    ends = {tokenizer.convert_tokens_to_ids(EOT), tokenizer.eos_token_id}
+    for c, f in zip(completions, finished):
+        assert not ends & set(c[:-1]) and f == (c[-1] in ends) and (f or len(c) == 12)
+    stopped_by = {c[-1] for c, f in zip(completions, finished) if f}
+    assert stopped_by == ends and 0 < sum(finished) < len(finished)
+
+
+def test_online_dpo_counts_cut_completions_and_adds_no_end_token(llama, tmp_path):
+    data = write(tmp_path / "prompts.jsonl", PROMPT_SHAPES["prompt-only-conversational"])
+    records = train("dpo_humanline.py", ["--model_name_or_path", llama, "--dataset", data, "--eval_prompts", "none", "--online",
+                                         "--round_size", "8", "--num_samples", "4", "--max_new_tokens", "3",
+                                         "--reward_threshold", "0", "--reward_model", "tests.faulty_rewards:length"], tmp_path / "run")
+    round_record = next(r for r in records if "online/round" in r and "online/pairs" in r)
+    assert round_record["online/truncated_completions"] >= 28  # 32 samples of 3 tokens: nearly all cut
+
+
+def test_the_reward_model_scores_the_template_once_with_one_bos_and_a_pad_token(tmp_path):
+    tokenizer = chat_tokenizer()
+    torch.manual_seed(1)
+    rm = LlamaForSequenceClassification(tiny_config(tokenizer, num_labels=1))
+    rm.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    args = args_for(dpo_humanline, reward_model=str(tmp_path))
+    score = dpo_humanline.make_scorer(str(tmp_path), args, SimpleNamespace(device=torch.device("cpu")))
+    prompts, completions = [[user("What is 1 plus 1?")], [user("Hi")]], ["It is 2.", "Hello there, how are you today?"]
+    got = score(prompts, completions)
+    for p, c, g in zip(prompts, completions, got):
+        text = tokenizer.apply_chat_template(p + [assistant(c)], tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id
+        with torch.no_grad():
+            direct = rm(input_ids=torch.tensor([ids])).logits[0, 0].item()
+        assert g == pytest.approx(direct, rel=1e-5, abs=1e-6)
+    assert got[0] != pytest.approx(got[1])
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_dropout_is_off_so_reference_free_equals_two_models(tmp_path, keep):
+    """With dropout (here attention dropout 0.5) the k = 1 log-ratio would be mostly noise and the reference-free
+    losses (log-probs computed ahead, in eval mode) would differ from two models'; off by default, they are equal."""
+    tokenizer = chat_tokenizer()
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_config(tokenizer, attention_dropout=0.5)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    data = write(tmp_path / "data.jsonl", PREFERENCE_SHAPES["conversational"])
+    losses = []
+    for ref_free in ("on", "off"):
+        records = train("dpo_humanline.py", ["--model_name_or_path", str(tmp_path / "model"), "--dataset", data, "--eval_prompts",
+                                             "none", "--humanline", "--ref_free", ref_free, "--learning_rate", "1e-3", "--beta", "1"]
+                        + (["--keep_dropout"] if keep else []), tmp_path / ref_free)
+        losses.append([r["loss"] for r in records if "loss" in r])
+    if keep:  # the first step: the reference-free ratio is exactly 0, the two-model one dropout noise
+        assert abs(losses[0][0] - losses[1][0]) > 1e-4
+    else:
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+@pytest.mark.parametrize("where", ["online", "eval"])
+def test_a_scorer_failing_on_every_sample_stops_the_run_with_its_own_error(tmp_path, where):
+    extra = ["--online", "--round_size", "8", "--max_new_tokens", "8"] if where == "online" else ["--eval_every", "1", "--num_eval_prompts", "4"]
+    with pytest.raises(SystemExit) as stopped:
+        train("dpo_humanline.py", extra + ["--reward_model", "tests.faulty_rewards:always_raises"], tmp_path)
+    message = stopped.value.code
+    assert isinstance(message, str) and "\n" not in message
+    assert "failed on every sample" in message and "KeyError: 'solution'" in message and "of prompt '" in message
+
+
+# the paper's per-variant settings (its Table 3): (objective, online, humanline) -> (learning rate, max grad norm)
+TABLE_3 = {("dpo", False, False): (5e-6, 1.0), ("dpo", False, True): (5e-6, 1.0), ("dpo", True, False): (2.5e-6, 0.5),
+           ("dpo", True, True): (2.5e-6, 1.0), ("kto", False, False): (5e-6, 1.0), ("kto", False, True): (5e-6, 4.0),
+           ("kto", True, False): (2.5e-6, 0.5), ("kto", True, True): (2.5e-6, 0.1), ("grpo", False, False): (5e-6, 1.0),
+           ("grpo", False, True): (5e-6, 1.0), ("grpo", True, False): (5e-6, 1.0), ("grpo", True, True): (5e-6, 0.5)}
+
+
+def commands():
+    """Every command line that runs one of the scripts, in the docstrings and in the README's code blocks."""
+    texts = [(f"{n}_humanline.py docstring", m.__doc__) for n, m in SCRIPTS.items()]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        texts += [("README.md", block) for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", f.read(), re.S)]
+    found = []
+    for where, text in texts:
+        for line in text.replace("\\\\\n", " ").replace("\\\n", " ").splitlines():
+            words = shlex.split(re.split(r"\s#", line)[0].strip()) if "_humanline.py" in line else []
+            script = next((w for w in words if re.fullmatch(r"(dpo|kto|grpo)_humanline\.py", w)), None)
+            if script and not any(w.startswith(("$", "<")) or w == "--help" for w in words):
+                found.append((where, script.split("_")[0], words[words.index(script) + 1:]))
+    return found
+
+
+def parsed(algo, argv):
+    """The args main() would train with: the script's own parser and checks, stopped before anything loads."""
+    module = SCRIPTS[algo]
+
+    class Parsed(Exception):
+        pass
+
+    def stop(args):
+        raise Parsed(args)
+
+    with mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]), mock.patch.object(module, "setup", stop):
+        with pytest.raises(Parsed) as got:
+            module.main()
+    return got.value.args[0]
+
+
+def test_every_documented_command_parses_and_the_papers_runs_carry_table_3():
+    found = commands()
+    assert {a for _, a, _ in found} == {"dpo", "kto", "grpo"} and len(found) >= 12
+    papers = set()
+    for where, algo, argv in found:
+        try:
+            args = parsed(algo, argv)
+        except SystemExit as e:
+            pytest.fail(f"{where}: {algo} {' '.join(argv)}: {e.code}")
+        if "meta-llama/Meta-Llama-3-8B-Instruct" in argv:  # one of the paper's instruction-following runs
+            key = (algo, args.online, args.humanline)
+            assert (args.learning_rate, args.max_grad_norm) == TABLE_3[key], f"{where}: {' '.join(argv)}"
+            papers.add(key)
+    assert {k for k in TABLE_3 if k[0] != "grpo"} <= papers
