@@ -21,7 +21,6 @@ from grpo_humanline import (
     best_worst_pairs,
     collate,
     completion_values,
-    encode_rows,
     group_advantages,
     group_sequences,
     grpo_loss,
