@@ -498,7 +498,8 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
         encoded, cut = encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
     else:
         encoded = [prompt_row(r, f"{name}: row {i}", args) for i, r in enumerate(rows)][: args.num_eval_prompts if kind == "eval" else None]
-        cut = {"prompts": sum(len(prompt_ids(tokenizer, as_text(r["prompt"], name, tokenizer))) > args.max_prompt_length for r in encoded)}
+        cut = {"prompts": sum(len(prompt_ids(tokenizer, as_text(r["prompt"], f"{name}: row {i}, column 'prompt'", tokenizer)))
+                              > args.max_prompt_length for i, r in enumerate(encoded))}
     fail(len(encoded) < need, f"{name}: {len(encoded)} rows, fewer than the {need} that one batch or round takes")
     if any(cut.values()) and rt.rank == 0:
         print(f"{name}: truncated {cut} (see --max_prompt_length, --max_length)")
@@ -513,7 +514,6 @@ def prompt_row(row, where, args):
     if args.as_chat and isinstance(prompt, str):
         system = math_rewards.SYSTEM_PROMPTS.get(args.system_prompt, args.system_prompt)
         prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    as_text(prompt, f"{where}, column 'prompt'", None)
     return {**row, "prompt": prompt}
 
 
@@ -534,21 +534,18 @@ def split_prompt(prompt, completions, where):
 
 def as_text(value, where, tokenizer, prompt=None):
     """A prompt (prompt=None) or a completion of `prompt` as text: strings as they are, a completion with the end
-    token; lists of {"role", "content"} through the chat template, a completion cut out of the whole conversation.
-    With tokenizer=None only checks."""
+    token; lists of {"role", "content"} through the chat template, a completion cut out of the whole conversation."""
     fail(value is None, f"{where}: missing")
     if isinstance(value, str):
         fail(not value.strip(), f"{where}: empty text")
         fail(isinstance(prompt, list), f"{where}: a text completion needs a text prompt")
-        return value if prompt is None or tokenizer is None else value + tokenizer.eos_token
+        return value if prompt is None else value + tokenizer.eos_token
     fail(not isinstance(value, list) or not value, f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}")
     for m in value:
         fail(not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"),
              f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}")
         fail(not isinstance(m.get("content"), str), f"{where}: message content must be a string, got {m.get('content')!r}")
     fail(prompt is not None and not isinstance(prompt, list), f"{where}: a conversational completion needs a conversational prompt")
-    if tokenizer is None:
-        return None
     prefix = tokenizer.apply_chat_template(prompt or value, tokenize=False, add_generation_prompt=True)
     if prompt is None:
         return prefix
@@ -949,19 +946,16 @@ def fsync(path, files=True):
     """Flush a directory's entries (with files, every file under it too) to disk."""
     for p in ([os.path.join(root, n) for root, _, names in os.walk(path) for n in names] if files else []) + [path]:
         fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        os.fsync(fd)
+        os.close(fd)
 
 
 def peak_memory_gib(device):
     """Peak CUDA memory allocated, or on a CPU the process's peak resident set size."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 if __name__ == "__main__":

@@ -220,7 +220,7 @@ def test_bad_prompts_for_sampling_or_evaluation_are_named(script, tok):
     m = MODULES[script]
     for prompt, message in [(None, "missing"), ("", "empty text"), ([{"role": "user"}], "content must be a string")]:
         with pytest.raises(SystemExit) as e:
-            m.prompt_row({"prompt": prompt}, "prompts.jsonl: row 1", m.Args())
+            m.as_text(m.prompt_row({"prompt": prompt}, "prompts.jsonl: row 1", m.Args())["prompt"], "prompts.jsonl: row 1, column 'prompt'", tok)
         assert str(e.value).startswith("prompts.jsonl: row 1") and message in str(e.value)
 
 
