@@ -521,7 +521,9 @@ def split_prompt(prompt, completions, where):
     """TRL's dataset formats in one shape: (prompt, completions). Completions that hold whole conversations (with
     no prompt, a text prompt, or one they repeat) are split after their shared first turns (with one completion:
     all but its last turn); text completions without a prompt after their common prefix, cut back to a space."""
-    if all(isinstance(c, list) for c in completions) and not (isinstance(prompt, list) and any(c[:len(prompt)] != prompt for c in completions)):
+    conversations = all(isinstance(c, list) for c in completions)
+    repeated = isinstance(prompt, list) and all(c[:len(prompt)] == prompt for c in completions)
+    if conversations and (repeated or not isinstance(prompt, list)):
         n = len(completions[0]) - 1 if len(completions) == 1 else \
             next((j for j, turns in enumerate(zip(*completions)) if turns.count(turns[0]) < len(turns)), min(map(len, completions)))
     elif prompt is None and all(isinstance(c, str) for c in completions) and len(completions) > 1:
@@ -687,8 +689,8 @@ def sample_and_score(policy, tokenizer, scorers, rows, n, args, seed, rt, prefix
     padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
     prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer))[-args.max_prompt_length:] for r in padded]
     completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval", seed * 1000 + rt.rank)
-    completions, cut = completions[: len(mine) * n], sum(not f or len(prompts[j // n]) + len(c) > args.max_length
-                                                          for j, (c, f) in enumerate(zip(completions[: len(mine) * n], finished)))
+    completions, finished = completions[: len(mine) * n], finished[: len(mine) * n]  # not the padding
+    cut = sum(not f or len(prompts[j // n]) + len(c) > args.max_length for j, (c, f) in enumerate(zip(completions, finished)))
     flat = [r for r in mine for _ in range(n)]
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     columns = {k: [r[k] for r in flat] for k in (flat[0] if flat else {}) if k != "prompt"}
