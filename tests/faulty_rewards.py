@@ -35,6 +35,11 @@ def length(prompts, completions, **columns):
     return [float(len(c)) for c in completions]
 
 
+def checksum(prompts, completions, **columns):
+    """Any model's reward that differs between samples of equal length: the character codes' sum modulo 97."""
+    return [float(sum(map(ord, c)) % 97) for c in completions]
+
+
 def solution_length(prompts, completions, solution, **columns):
     """Needs the dataset's extra 'solution' column (as a math accuracy reward does)."""
-    return [float(len(c) == len(s)) + len(c) / 100 for c, s in zip(completions, solution)]
+    return [float(len(c) == len(s)) + r for c, s, r in zip(completions, solution, checksum(prompts, completions))]

@@ -7,6 +7,7 @@ README, parsed by each script's own parser."""
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import runpy
@@ -144,7 +145,7 @@ CASES = [("dpo", s, PREFERENCE_SHAPES[s], []) for s in PREFERENCE_SHAPES] \
     + [("kto", "conversational-implicit-prompt", PREFERENCE_SHAPES["conversational-implicit-prompt"], []),
        ("grpo", "text-prompt-repeated-in-conversations", PREFERENCE_SHAPES["text-prompt-repeated-in-conversations"], [])] \
     + [("grpo", s, rows, ["--online", "--num_generations", "4", "--max_new_tokens", "6", "--reward_funcs",
-                          "tests.faulty_rewards:solution_length" if "solution" in s else "tests.faulty_rewards:length"]
+                          "tests.faulty_rewards:solution_length" if "solution" in s else "tests.faulty_rewards:checksum"]
         + (["--as_chat"] if s == "prompt-only-standard" else [])) for s, rows in PROMPT_SHAPES.items()] \
     + [(a, "prompt-only-conversational", PROMPT_SHAPES["prompt-only-conversational"],
         ["--online", "--round_size", "8", "--num_samples", "4", "--max_new_tokens", "6", "--reward_threshold", "0",
@@ -157,7 +158,7 @@ def test_each_shape_trains_end_to_end(llama, tmp_path, algo, shape, rows, extra)
     records = train(f"{algo}_humanline.py", ["--model_name_or_path", llama, "--dataset", data, "--eval_prompts", "none",
                                              "--humanline", *extra], tmp_path / "run")
     steps = [r for r in records if "loss" in r]
-    assert [r["step"] for r in steps] == [1, 2] and all(r["loss"] == r["loss"] for r in steps)
+    assert [r["step"] for r in steps] == [1, 2] and all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in steps), steps
     if extra:
         sampled = next(r for r in records if "online/round" in r and "online/reward" in r)
         assert sampled["online/bad_rewards"] == 0 and 0 <= sampled["online/truncated_completions"]
