@@ -708,7 +708,7 @@ def sample_and_score(policy, tokenizer, scorers, rows, n, args, seed, rt, prefix
     bad = list(bad.values())
     if rt.world > 1:  # every process gets every group and failure: all go on or stop together
         gathered = [None] * rt.world
-        dist.all_gather_object(gathered, (groups, bad, fatal))
+        dist.all_gather_object(gathered, (groups if prefix != "eval" else [], bad, fatal))  # evaluation needs no groups
         groups, bad, fatal = ([x for part in gathered for x in part[i]] for i in range(3))
         dist.all_reduce(stats)
     fail(fatal, f"stopping, a scorer failed on every sample: the {fatal[0] if fatal else ''}")

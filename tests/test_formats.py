@@ -100,7 +100,7 @@ PROMPT_SHAPES = {
 
 
 def args_for(module, **kw):
-    return module.Args(max_length=256, max_prompt_length=128, **kw)
+    return module.Args(**{"max_length": 256, "max_prompt_length": 128} | kw)
 
 
 @pytest.mark.parametrize("shape", PREFERENCE_SHAPES)
@@ -161,7 +161,7 @@ def test_each_shape_trains_end_to_end(llama, tmp_path, algo, shape, rows, extra)
     assert [r["step"] for r in steps] == [1, 2] and all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in steps), steps
     if extra:
         sampled = next(r for r in records if "online/round" in r and "online/reward" in r)
-        assert sampled["online/bad_rewards"] == 0 and 0 <= sampled["online/truncated_completions"]
+        assert sampled["online/bad_rewards"] == 0 and sampled["online/truncated_completions"] > 0  # 6 tokens: most are cut
 
 
 def test_a_toy_named_file_is_a_file(tmp_path, monkeypatch):
@@ -174,6 +174,18 @@ def test_a_toy_named_file_is_a_file(tmp_path, monkeypatch):
     assert len(dpo_humanline.load_data(args, "preferences", tokenizer, toy, rt)) == 2
     with pytest.raises(SystemExit, match="toy_mine.jsonl: 2 rows, fewer than the 3"):
         dpo_humanline.load_data(args, "preferences", tokenizer, toy, rt, need=3)
+
+
+def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tmp_path, capsys):
+    rows = PROMPT_SHAPES["prompt-only-conversational"] + [{"prompt": [user("A much longer question? " * 3)]}] * 2
+    data = write(tmp_path / "prompts.jsonl", rows)
+    args = args_for(dpo_humanline, model_name_or_path=llama, dataset=data, eval_prompts="none", online=True, max_prompt_length=60)
+    tokenizer = dpo_humanline.load_tokenizer(args)[0]
+    lengths = [len(tokenizer(tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True),
+                             add_special_tokens=False)["input_ids"]) for r in rows]
+    assert max(lengths[:-2]) <= 60 < min(lengths[-2:])  # the template's BOS counted once
+    dpo_humanline.load_data(args, "prompts", tokenizer, None, SimpleNamespace(rank=0, world=1))
+    assert "truncated {'prompts': 2}" in capsys.readouterr().out
 
 
 def test_a_chat_template_that_renders_the_prompt_differently_is_an_error_naming_the_row(llama):

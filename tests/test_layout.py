@@ -96,6 +96,7 @@ def files(tmp_path_factory):
 
 
 BAD = [
+    (["--batchsize", "8"], "unknown arguments: --batchsize 8 (--help lists them)"),
     (["--batch_size", "0"], "--batch_size must be at least 1"),
     (["--micro_batch_size", "-1"], "--micro_batch_size must be at least 1"),
     (["--sync_every", "0"], "--sync_every must be at least 1"),
