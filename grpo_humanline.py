@@ -15,8 +15,8 @@ The loss (eq. 1), per completion token of output i of a group, averaged over the
 Modes: `--offline` (default; the paper's Algorithm 2: each preference pair is a group of two with advantages
 +1 / -1, the reference frozen at the initial policy); `--online` (every `--sample_every` N steps the policy
 samples `--num_generations` completions per prompt for the next N steps, scored by `--reward_funcs`; N = 1 is
-on-policy, the paper's off-policy math runs take N = 64; without syncing the ratio's denominator is the
-sampler); `--online --pairs_from_samples` (Algorithm 1's (best, worst) pairs as groups of two);
+on-policy, the paper's off-policy math runs take N = 64; without --sync the ratio's denominator is the sampler,
+PPO's theta_old); `--online --pairs_from_samples` (Algorithm 1's (best, worst) pairs as groups of two);
 `--humanline` on any (= `--sync humanline --clip clamp`). Ablations: `--sync trust_region`, `--clip sampling`.
 The README explains the memory options, the deviations and the paper's runs.
 
@@ -96,8 +96,7 @@ class Args:
     log_eps_P: float = field(default=-1.5, metadata={"help": "Lower bound of the token log-ratio."})
     log_eps_R: float = field(default=1.5, metadata={"help": "Upper bound of the token log-ratio."})
     sampling_c: float = field(default=humanline_sampling.DEFAULT_C, metadata={"help": "--clip sampling: Beta concentration c."})
-    ref_free: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "No reference model with --sync humanline --sync_every 1 (auto: where it applies)."})
-    precompute_ref: bool = field(default=False, metadata={"help": "Offline, --sync none: the reference's log-probs computed once, no reference model."})
+    ref_free: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "No reference model: the policy computes its log-probs ahead (auto: where it applies; off: two models)."})
     # online sampling
     num_generations: int = field(default=8, metadata={"help": "G: completions sampled per prompt."})
     sample_every: int = field(default=1, metadata={"help": "Sample every N steps the data of N steps (1: on-policy; paper's math: 64)."})
@@ -171,34 +170,35 @@ def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
 
 @torch.no_grad()
 def sync_reference(ref, policy):
-    """The reference takes the policy's weights: a local copy of each shard, no communication."""
-    if ref is None:  # REF-FREE: no reference model (its log-probs were computed ahead by the policy)
-        return
+    """The reference takes the policy's weights: a local copy of each shard, no communication. Returns the seconds."""
+    if ref is None:  # REF-FREE: no reference model (the policy computes its log-probs ahead: reference_ahead)
+        return 0.0
+    t0 = time.time()
     for model in (ref, policy):
         if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a no-grad forward
             model.reshard()
     for r, p in zip(ref.parameters(), policy.parameters()):
         (r.to_local() if hasattr(r, "to_local") else r).copy_(p.to_local() if hasattr(p, "to_local") else p)
+    return time.time() - t0
 
 
 def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_every, step, skip=False):
     """Clip the gradients, then update. Every k-th step (counted from 0) `humanline` syncs the reference *before*
     the update (it then holds the pre-update weights), `trust_region` (TR-DPO, the ablation) *after* it. With
-    `skip` (a non-finite loss) or a non-finite grad norm nothing happens but dropping the gradients."""
+    `skip` (a non-finite loss) or a non-finite grad norm the update is left out, not the sync: the reference's
+    schedule depends on the step alone. Returns (grad norm, seconds spent syncing)."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    if skip or not torch.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
-        return grad_norm
-    due = (step + 1) % sync_every == 0
+    due, seconds = (step + 1) % sync_every == 0, 0.0
     if sync == "humanline" and due:
-        sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the update
-    optimizer.step()
-    scheduler.step()
+        seconds = sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the update
+    if not skip and torch.isfinite(grad_norm):
+        optimizer.step()
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     if sync == "trust_region" and due:
-        sync_reference(ref, policy)
-    return grad_norm
+        seconds = sync_reference(ref, policy)
+    return grad_norm, seconds
 
 
 # batching and log-probs
@@ -217,11 +217,11 @@ def micro_batches(batch, args, rank, world):
 
 def group_sequences(groups):
     """ALGO LOGIC: groups (prompt_ids, [completion_ids], rewards) -> training sequences, group after group:
-    (prompt_ids, completion_ids, advantage, reward, sampler_logps=None)."""
+    (prompt_ids, completion_ids, advantage, reward)."""
     out = []
     for p, completions, rewards in groups:
         advantages = group_advantages(torch.tensor(rewards, dtype=torch.float64), len(rewards)).tolist()
-        out += [(p, c, a, r, None) for c, a, r in zip(completions, advantages, rewards)]
+        out += [(p, c, a, r) for c, a, r in zip(completions, advantages, rewards)]
     return out
 
 
@@ -246,23 +246,6 @@ def token_logps(model, input_ids, attention_mask, loss_mask):
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     logps = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)
     return logps * loss_mask[:, 1:]
-
-
-@torch.no_grad()
-def record_sampler_logps(policy, seqs, pad_id, args, rt):
-    """ALGO LOGIC: PPO's theta_old. Each sequence's completion-token log-probs under the policy now (right
-    after sampling), computed in the micro-batches training will use, so that at the first step after
-    sampling the ratio is exactly 1. Only this process's sequences get them (the others keep None)."""
-    out = list(seqs)
-    for s in range(len(seqs) // args.batch_size):
-        for micro in micro_batches(range(s * args.batch_size, (s + 1) * args.batch_size), args, rt.rank, rt.world):
-            ids, attn, mask = collate([seqs[i][:2] for i in micro], pad_id, rt.device)
-            with rt.autocast:
-                logps = token_logps(policy, ids, attn, mask)
-            for j, i in enumerate(micro):
-                p, c = seqs[i][:2]
-                out[i] = seqs[i][:4] + (logps[j, len(p) - 1: len(p) + len(c) - 1].clone(),)
-    return out
 
 
 def best_worst_pairs(groups, threshold):
@@ -304,17 +287,16 @@ def main():
 
     # models: the policy, its reference (sharded exactly like it), the KL baseline, the scorers; optimizer, schedule
     policy = load_model(args, toy, rt).train()
-    sampler_denominator = args.online and args.sync == "none"  # ALGO LOGIC: PPO's theta_old, the sampler's recorded log-probs
-    ref = None if sampler_denominator or args.ref_free == "on" or args.precompute_ref else load_model(args, toy, rt).eval().requires_grad_(False)
-    base = None  # --kl_baseline initial: a frozen starting policy (the offline reference when never synced)
-    if args.kl_baseline == "initial":
-        base = ref if args.offline and args.sync == "none" else load_model(args, toy, rt).eval().requires_grad_(False)
+    ref = None if args.ref_free == "on" else load_model(args, toy, rt).eval().requires_grad_(False)
+    base = None  # --kl_baseline initial: a frozen starting policy (unless the reference is one: offline, never synced)
+    if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
+        base = load_model(args, toy, rt).eval().requires_grad_(False)
     reward_fns = [(n, float(w), make_scorer(n, args, rt)) for n, w in zip(args.reward_funcs.split(","), args.reward_weights.split(","))] if args.online else []
     scorer = make_scorer(args.reward_model, args, rt) if eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
     sampling_params = humanline_sampling.limit_parameters(math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c)
     sampling_gen = torch.Generator(rt.device).manual_seed(args.seed + rt.rank)
-    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead=None, bad_steps=0)
+    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead={}, bad_steps=0)
 
     def step_batch(s):
         """Step s's sequences: offline a function of s alone; online a slice of the sampled buffer (None past its end)."""
@@ -323,8 +305,6 @@ def main():
         i = s - state.round_start
         return state.round[i * args.batch_size: (i + 1) * args.batch_size] if i < len(state.round) // args.batch_size else None
 
-    ref_cache = precompute_ref(policy, [forward_batches(step_batch(s), args, rt.rank, rt.world) for s in range(args.max_steps)],
-                               tokenizer, rt) if args.precompute_ref else None
     session = Session(args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state)  # resumes
     evaluate_policy = (lambda: evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)) if eval_prompts else None
     if evaluate_policy and args.eval_every and state.step == 0:  # every curve starts at the starting policy
@@ -334,7 +314,9 @@ def main():
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
             # ALGO LOGIC: the buffer is spent: sample the next --sample_every steps' groups (or a round of pairs),
-            # score them, compute the advantages, record the sampler's log-probs
+            # score them, compute the advantages. Without --sync the reference is PPO's theta_old: the sampler
+            if args.sync == "none":
+                sync_reference(ref, policy)
             rows = [train_prompts[i] for i in round_prompts(len(train_prompts), prompts_per_round, state.round_index, args.seed)]
             groups, record = sample_and_score(policy, tokenizer, reward_fns, rows, args.num_generations, args, args.seed + state.round_index, rt)
             state.round_index, state.round_start = state.round_index + 1, state.step
@@ -347,8 +329,6 @@ def main():
                 groups = [g[1:] for g in groups if None not in g[3]]
             seqs = group_sequences(groups)
             state.round = seqs[: len(seqs) // args.batch_size * args.batch_size]
-            if sampler_denominator:
-                state.round = record_sampler_logps(policy, state.round, tokenizer.pad_token_id, args, rt)
             session.log({"step": state.step, "online/round": state.round_index, **record, "online/groups": len(groups),
                          "online/zero_std_frac": sum(len(set(s)) == 1 for _, _, s in groups) / max(1, len(groups)),
                          "online/steps": len(state.round) // args.batch_size, "online/seconds": time.time() - t0})
@@ -356,11 +336,10 @@ def main():
                 raise SystemExit(f"round {state.round_index} gave {len(groups)} groups, fewer than one batch of {args.batch_size} "
                                  "sequences; raise --round_size or lower --reward_threshold (pairs), or use more prompts")
             continue
-        if args.ref_free == "on":  # REF-FREE: syncing would make the policy as it is now the next step's reference:
-            # its log-probs of the next batch, computed before gradients take memory
-            upcoming = step_batch(state.step + 1) if state.step + 1 < args.max_steps else None
-            ref_next = None if upcoming is None else no_grad_logps(
-                policy, [s for _, s in forward_batches(upcoming, args, rt.rank, rt.world)], tokenizer, rt)
+        # REF-FREE: the policy as it is now is (or is about to be synced into) the reference of a run of steps
+        ref_seconds = 0.0 if ref is not None else reference_ahead(
+            policy, state, state.round_start if args.sync == "none" else 0, step_batch, forward_batches, tokenizer, args, rt)
+        ahead = state.ref_ahead.pop(state.step, None)
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens over all micro-batches and processes
         n_tokens = torch.tensor(float(sum(len(c) for _, sequences in forwards for _, c in sequences)), dtype=torch.float64, device=rt.device)
@@ -375,37 +354,32 @@ def main():
                 policy.set_requires_gradient_sync(micro == rt.grad_accum - 1)  # reduce-scatter once per step
             with rt.autocast:
                 with torch.no_grad():
-                    ref_logps = token_logps(ref, ids, attn, mask) if ref is not None else None
-                    base_logps = token_logps(base, ids, attn, mask) if base is not None and base is not ref else None
+                    ref_logps = token_logps(ref, ids, attn, mask) if ref is not None else ahead[micro].to(rt.device)
+                    base_logps = token_logps(base, ids, attn, mask) if base is not None else None
                 policy_logps = token_logps(policy, ids, attn, mask)
-            if ref is None and not sampler_denominator:  # REF-FREE / --precompute_ref: computed ahead
-                ref_logps = logps_ahead(ref_cache, state.ref_ahead, micro, sequences, policy_logps)
             mask = mask[:, 1:]
-            # ALGO LOGIC: the ratio's denominator: the sampler (PPO's theta_old) online without syncing, else the
-            # reference (frozen offline, synced under --sync); the KL baseline: the denominator, or the initial policy
-            denominator = completion_values([s[4] for s in seqs], sequences, mask) if sampler_denominator else ref_logps
-            baseline = denominator if base is None else (ref_logps if base is ref else base_logps)
+            # ALGO LOGIC: the ratio's denominator is the reference: frozen offline, synced under --sync, else online
+            # the sampler (PPO's theta_old); the KL baseline: the reference, or the initial policy
+            baseline = ref_logps if base is None else base_logps
             bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             rejected = None
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens' ratios are detached instead of clamped
-                rejected = humanline_sampling.rejection_mask(policy_logps, denominator, *sampling_params, generator=sampling_gen)
+                rejected = humanline_sampling.rejection_mask(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
             advantages = torch.tensor([s[2] for s in seqs], device=rt.device)
-            loss, metrics = grpo_loss(policy_logps, denominator, baseline, mask, advantages, args.eps, args.beta, *bounds,
+            loss, metrics = grpo_loss(policy_logps, ref_logps, baseline, mask, advantages, args.eps, args.beta, *bounds,
                                       num_tokens=n_tokens, rejected=rejected)
             (loss * rt.world).backward()  # FSDP2 averages the gradients over processes
             accumulate(sums, metrics | {
                 "tokens": mask.sum(), "completion_length": mask.sum(-1),
-                "humanline/clamped_frac": clamped_fraction(policy_logps, denominator, mask, args.log_eps_P, args.log_eps_R)}
+                "humanline/clamped_frac": clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)}
                 | ({"reward": torch.tensor([s[3] for s in seqs])} if args.online else {}))
 
         skip, stop = session.agree(sums)  # a non-finite loss skips the step; a SIGTERM stops after it
-        if args.ref_free == "on":
-            state.ref_ahead = ref_next  # REF-FREE
         lr = scheduler.get_last_lr()[0]
-        grad_norm = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every,
-                                   state.step, skip=skip)
-        session.end_step(sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy,  # online: the buffer and its age
-                         extra={"online/round": state.round_index, "online/staleness": state.step - state.round_start} if args.online else None)
+        grad_norm, sync_seconds = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync,
+                                                 args.sync_every, state.step, skip=skip)
+        session.end_step(sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy, extra={"perf/sync_seconds": ref_seconds + sync_seconds}
+                         | ({"online/round": state.round_index, "online/staleness": state.step - state.round_start} if args.online else {}))
     session.finish()
 
 
@@ -414,16 +388,18 @@ def main():
 
 def parse_args(Args, name, ref_free_online, checks):
     """Parse the flags, derive the mode, check every argument: a bad one stops the run with one line naming it."""
-    args, unknown = HfArgumentParser(Args).parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
+    parser = HfArgumentParser(Args)
+    parser.error = lambda message: fail(True, message)  # one line, not argparse's usage block (e.g. a bad choice)
+    args, unknown = parser.parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
     fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
     explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
     fail(args.humanline and explicit, f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline")
     fail(args.offline and args.online, "choose one of --offline and --online")
     args.offline = not args.online
     args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
-    ref_free_applies = args.sync == "humanline" and args.sync_every == 1 and (args.offline or ref_free_online)
-    fail(args.ref_free == "on" and not ref_free_applies, "--ref_free on needs --sync humanline --sync_every 1"
-         + ("" if ref_free_online else " and --offline (online, the next batch is sampled after the update)"))
+    ref_free_applies = args.offline or ref_free_online or args.sync == "none"  # online GRPO: see reference_ahead
+    fail(args.ref_free == "on" and not ref_free_applies, "--ref_free on: online GRPO under --sync needs a reference model (the reference "
+         "of the steps after a sampling is the policy before an earlier update; the samples exist only after it)")
     args.ref_free = "on" if ref_free_applies and args.ref_free != "off" else "off"
     for rule, ok, flags in (("at least 1", lambda v: v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
                              "round_size max_new_tokens generation_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
@@ -434,7 +410,6 @@ def parse_args(Args, name, ref_free_online, checks):
             fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
     fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}")
     fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
-    fail(args.precompute_ref and (args.online or args.sync != "none"), "--precompute_ref needs --offline and --sync none (a reference that never changes)")
     for flag in ("model_name_or_path", "dataset", "eval_prompts", "reward_model"):
         value = getattr(args, flag)  # a path (not a hub name): it starts with ., / or ~ or ends in a data file's extension
         local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in (".json", ".jsonl", ".parquet", ".csv")
@@ -774,56 +749,31 @@ def evaluate(policy, tokenizer, scorer, rows, args, rt):
     return sample_and_score(policy, tokenizer, [("reward", 1.0, scorer)] + toy_accuracy, rows, 1, args, 0, rt, prefix="eval")[1]
 
 
-# reference log-probs computed ahead (--ref_free, --precompute_ref)
-@torch.no_grad()
-def no_grad_logps(model, forwards, tokenizer, rt, per_sequence=False, desc=None):
-    """token_logps of each forward's (prompt_ids, completion_ids), collated as training does, in eval mode (as the
-    reference runs); with per_sequence each sequence's completion log-probs on the CPU."""
-    model.eval()
-    out = []
-    for sequences in tqdm(forwards, desc=desc, disable=desc is None, leave=False, dynamic_ncols=True):
-        with rt.autocast:
-            logps = token_logps(model, *collate(sequences, tokenizer.pad_token_id, rt.device))
-        out.append([logps[j, len(p) - 1: len(p) + len(c) - 1].cpu() for j, (p, c) in enumerate(sequences)] if per_sequence else logps)
-    model.train()
-    if hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
-        model.reshard()
-    return out
-
-
-def precompute_ref(model, steps, tokenizer, rt):
-    """--precompute_ref: before training, the frozen reference (the initial policy) scores every distinct training
-    sequence once, grouped by length; {(prompt length, hash of the tokens): completion log-probs}."""
-    unique = sorted({sequence_key(s): s for forwards in steps for _, seqs in forwards for s in seqs}.items(), key=lambda kv: len(kv[1][0]) + len(kv[1][1]))
-    rows = len(steps[0][0][1])
-    chunks = [unique[i: i + rows] for i in range(0, len(unique), rows)]
-    n = torch.tensor(len(chunks))
-    if rt.world > 1:
-        dist.all_reduce(n, op=dist.ReduceOp.MAX)
-    chunks += chunks[-1:] * (int(n) - len(chunks))  # the same number of forwards on every process (FSDP2)
-    values = no_grad_logps(model, [[s for _, s in chunk] for chunk in chunks], tokenizer, rt, per_sequence=True,
-                           desc="reference log-probs" if rt.rank == 0 else None)
-    return {key: v for chunk, vs in zip(chunks, values) for (key, _), v in zip(chunk, vs)}
-
-
-def sequence_key(sequence):
-    return len(sequence[0]), hash(tuple(sequence[0]) + tuple(sequence[1]))
-
-
-def completion_values(values, sequences, like):
-    """Per-sequence completion-token values (e.g. recorded log-probs) laid out like token_logps' output."""
-    out = torch.zeros_like(like)
-    for j, ((p, c), v) in enumerate(zip(sequences, values)):
-        out[j, len(p) - 1: len(p) + len(c) - 1] = v
-    return out
-
-
-def logps_ahead(ref_cache, ref_ahead, micro, sequences, policy_logps):
-    """The reference's log-probs without a reference model: precomputed; computed by the policy one step ahead;
-    or, at step 0 and when a round starts (reference = policy), the policy's own."""
-    if ref_cache is not None:
-        return completion_values([ref_cache[sequence_key(s)] for s in sequences], sequences, policy_logps)
-    return ref_ahead[micro] if ref_ahead is not None else policy_logps.detach()
+# REF-FREE: the reference's log-probs computed ahead by the policy, no reference model
+def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer, args, rt):
+    """The reference is set to the policy at step `reset` (0; online DPO/KTO at each round's start, GRPO at each
+    sampling without --sync) and, under --sync, synced every k steps: humanline before step t's update (t = k-1,
+    2k-1, ...), trust region after it; either way it then serves steps t+1 to t+k. So the policy at the start of a
+    step holds the weights that will be the reference of a run of steps: it computes the log-probs of those whose
+    batches are known (in eval mode, as a reference runs) into state.ref_ahead {step: per micro-batch log-probs, on
+    the CPU}. (Online GRPO under --sync samples after an update the batches whose reference is the policy before it:
+    two models.) Returns the seconds it took."""
+    t0, k = time.time(), args.sync_every
+    owner = lambda s: max(reset, s // k * k - (args.sync == "humanline") if args.sync != "none" else 0)
+    steps, s = [], state.step if owner(state.step) == state.step else state.step + 1
+    while s < args.max_steps and owner(s) == state.step and step_batch(s) is not None:
+        steps, s = steps + [s], s + 1
+    if not steps:
+        return 0.0
+    policy.eval()
+    with torch.no_grad(), rt.autocast:
+        for s in tqdm(steps, desc="reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False, dynamic_ncols=True):
+            state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device)).cpu()
+                                  for _, seqs in forward_batches(step_batch(s), args, rt.rank, rt.world)]
+    policy.train()
+    if hasattr(policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
+        policy.reshard()
+    return time.time() - t0
 
 
 def accumulate(sums, metrics):
@@ -918,7 +868,7 @@ class Session:
             rng["cuda"] = torch.cuda.get_rng_state()
         torch.save({"policy": model, "optimizer": optimizer, "ref": self.ref and get_model_state_dict(self.ref),
                     "scheduler": self.scheduler.state_dict(), "rng": rng, "world_size": self.rt.world,
-                    "state": {k: [t.cpu() for t in v] if k == "ref_ahead" and v else v for k, v in vars(self.state).items()},
+                    "state": vars(self.state),
                     "args": asdict(self.args)}, os.path.join(tmp, f"state-rank{rank}.pt"))
         self.barrier()
         if rank == 0:
@@ -944,8 +894,6 @@ class Session:
         if "cuda" in saved["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state(saved["rng"]["cuda"])
         vars(self.state).update(saved["state"])
-        if self.state.ref_ahead:
-            self.state.ref_ahead = [t.to(self.rt.device) for t in self.state.ref_ahead]
 
     def save_pretrained(self, directory):
         """A Hugging Face model directory of the policy, gathered from its shards (rank 0 writes)."""

@@ -9,11 +9,11 @@ rows excepted, which train on what they sample):
 
     floor            a bare forward + backward of the policy plus a no-grad forward of the reference, nothing else
                      (no loss, no optimizer, no logging): what any trainer with a reference model pays at least
-    offline          the script with --offline: a frozen reference model
-    precompute       --offline --precompute_ref: the reference's log-probs computed before training; no reference model
-    humanline k=1    --offline --humanline: reference-free (--ref_free auto = on), no reference model
+    offline          the script with --offline --ref_free off: a frozen reference model
+    offline, ref-free  --offline (the default --ref_free auto): every step's reference log-probs computed at step 0
+    humanline k=1    --offline --humanline: reference-free, no reference model
     k=1, 2 models    --offline --humanline --ref_free off: two models, the reference synced in place every step
-    humanline k=16   --offline --humanline --sync_every 16 (two models)
+    humanline k=16   --offline --humanline --sync_every 16: reference-free (16 batches computed at each sync)
     online           --online: a round's sampling (+ scoring, + GRPO's sampler log-probs) and its training steps,
                      timed separately ("round s" column)
     sync             one sync_reference (an in-place copy of every parameter into the reference), timed alone
@@ -59,8 +59,8 @@ SCRIPTS = {"dpo": "dpo_humanline.py", "kto": "kto_humanline.py", "grpo": "grpo_h
 # KTO: 32 examples + 32 KL pairs, GRPO: 32 groups of two), 16 on the 30M model
 BATCH = {"toy": {"dpo": 32, "kto": 32, "grpo": 64}, "30m": {"dpo": 8, "kto": 8, "grpo": 16}}
 OFFLINE = [
-    ("offline", ["--offline"]),
-    ("precompute", ["--offline", "--precompute_ref"]),
+    ("offline", ["--offline", "--ref_free", "off"]),
+    ("offline, ref-free", ["--offline"]),
     ("humanline k=1", ["--offline", "--humanline"]),
     ("k=1, 2 models", ["--offline", "--humanline", "--ref_free", "off"]),
     ("humanline k=16", ["--offline", "--humanline", "--sync_every", "16"]),
@@ -138,11 +138,11 @@ def worker(opts):
     if opts.worker == "baseline":
         return {"peak_gib": peak_gib(device)}
     args = m.Args(batch_size=opts.batch, micro_batch_size=opts.batch)
-    rows = m.load_rows("toy", "train", toy, "preferences")
-    if opts.algo == "kto":
-        data = m.encode_examples(rows, tok, args)[0]
+    encoded = m.load_data(args, "examples" if opts.algo == "kto" else "preferences", tok, toy, argparse.Namespace(rank=0))
+    if opts.algo == "kto":  # as the scripts
+        data = [(p, c, d) for p, cs, ds in encoded for c, d in zip(cs, ds)]
     else:
-        data = m.encode_pairs(rows, tok, args)[0]
+        data = [(p, c, r) for p, (c, r), _ in encoded]
     if opts.algo == "grpo":  # as the script: each pair a group of two
         groups = [(p, [c, r], [1.0, 0.0]) for p, c, r in data]
         batch_of = lambda s: m.group_sequences(m.offline_batch(groups, s, opts.batch // 2, args.seed))  # noqa: E731
@@ -181,6 +181,142 @@ def worker(opts):
         sync_cpu.append(time.process_time() - cpu0)
     return {"steps": times, "cpu": cpu, "tokens": tokens, "params": sum(p.numel() for p in policy.parameters()),
             "sync_s": statistics.median(sync_times), "sync_cpu": statistics.median(sync_cpu), "peak_gib": peak_gib(device)}
+
+
+# ----------------------------------------------------------------------------------------------
+# TRL side by side (--trl): DPO on the same model, batches and tokens
+# ----------------------------------------------------------------------------------------------
+
+# (name, our script's flags or TRL's DPOConfig options); each repeat runs them all, in this order, one fresh process each
+SIDE_BY_SIDE = [
+    ("ours: offline, 2 models", ["--offline", "--ref_free", "off"]),
+    ("ours: offline", ["--offline"]),
+    ("ours: humanline k=1", ["--offline", "--humanline"]),
+    ("ours: humanline k=16", ["--offline", "--humanline", "--sync_every", "16"]),
+    ("TRL: DPO defaults", {}),
+    ("TRL: DPO, no checkpointing", {"gradient_checkpointing": False}),
+    ("TRL: DPO, precompute_ref_log_probs", {"precompute_ref_log_probs": True}),
+]
+TRL_SETTINGS = dict(learning_rate=5e-6, warmup_steps=0.1, lr_scheduler_type="linear", weight_decay=0.01, adam_epsilon=1e-5,
+                    max_grad_norm=1.0, beta=0.1, max_length=1024, seed=0)  # our scripts' defaults
+
+
+def trl_worker(opts):
+    """TRL's DPOTrainer on our batches, step by step (the same rows in the same order, tokenised alike: checked),
+    timed per optimizer step by a callback. Prints {steps, cpu, tokens, peak_gib, same_tokens}."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import DPOConfig, DPOTrainer
+
+    import dpo_humanline as m
+    import toy_task
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    toy = toy_task.load()
+    path = toy.model if opts.model_path == "toy" else opts.model_path
+    tok = AutoTokenizer.from_pretrained(path)
+    with open(toy.offline["strong"]) as f:
+        rows = [json.loads(line) for line in f]
+    ours = [(p, c, r) for p, (c, r), _ in m.load_data(m.Args(), "preferences", tok, toy, argparse.Namespace(rank=0))]
+    order = [i for s in range(opts.steps) for i in m.offline_batch(list(range(len(rows))), s, opts.batch, 0)]
+    dataset = datasets.Dataset.from_list([{k: rows[i][k] for k in ("prompt", "chosen", "rejected")} for i in order])
+    config = DPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=opts.batch, max_steps=opts.steps,
+                       save_strategy="no", report_to=[], logging_steps=1, use_cpu=device.type == "cpu",
+                       bf16=device.type == "cuda", dataloader_num_workers=0, **TRL_SETTINGS, **json.loads(opts.trl_options))
+    timing = {"steps": [], "cpu": []}
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, *_, **__):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            timing["steps"].append(time.perf_counter() - self.t0)
+            timing["cpu"].append(time.process_time() - self.cpu0)
+
+    class InOrder(DPOTrainer):  # our step order instead of a shuffle
+        def _get_train_sampler(self, *_, **__):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    trainer = InOrder(model=model, args=config, train_dataset=dataset, processing_class=tok, callbacks=[Timer()])
+    theirs = [(r["prompt_ids"], r["chosen_ids"], r["rejected_ids"]) for r in trainer.train_dataset]
+    trainer.train()
+    tokens = [sum(2 * len(p) + len(c) + len(r) for p, c, r in theirs[s * opts.batch: (s + 1) * opts.batch]) for s in range(opts.steps)]
+    return timing | {"tokens": tokens, "peak_gib": peak_gib(device), "same_tokens": theirs == [ours[i] for i in order]}
+
+
+def run_trl(options, model_path, batch, steps, device, memory=False):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "trl", "--algos", "dpo", "--model_path", model_path,
+           "--batch", str(batch), "--steps", str(steps), "--trl_options", json.dumps(options)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def side_by_side(opts, device, workdir):
+    """Every configuration of SIDE_BY_SIDE, --repeats times interleaved (A B C ... A B C ...), each run in a fresh
+    process. A run's step time is its mean over all --steps steps (so the reference log-probs computed ahead, at step
+    0 and at each sync, count), and each ratio to TRL is taken within one repeat: its median and range over the
+    repeats are reported. Peak memory from a separate 3-step run of each (see the docstring)."""
+    model = opts.models[0]
+    path = "toy" if model == "toy" else random_llama(os.path.join(ROOT, ".cache", "bench"))
+    batch = BATCH[model]["dpo"]
+    runs = {name: [] for name, _ in SIDE_BY_SIDE}
+    for rep in range(opts.repeats):
+        for name, flags in SIDE_BY_SIDE:
+            print(f"[{device} {model}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
+            r = (run_trl(flags, path, batch, opts.steps, device) if isinstance(flags, dict)
+                 else run_script("dpo", path, flags, batch, opts.steps, device, workdir))
+            runs[name].append(statistics.mean(r["cpu" if device == "cpu" else "steps"]))
+            if isinstance(flags, dict) and not r["same_tokens"]:
+                raise SystemExit("TRL tokenised the rows differently from our scripts: not the same tokens")
+    memory = {}
+    for name, flags in SIDE_BY_SIDE:
+        print(f"[{device} {model}] {name} (memory)", file=sys.stderr, flush=True)
+        memory[name] = (run_trl(flags, path, batch, 3, device, memory=device == "cpu") if isinstance(flags, dict)
+                        else run_script("dpo", path, flags, batch, 3, device, workdir, memory=device == "cpu"))["peak_gib"]
+    rows = []
+    for name, _ in SIDE_BY_SIDE:
+        row = {"device": device, "model": model, "config": name, "batch_size": batch, "steps": opts.steps,
+               "basis": "cpu" if device == "cpu" else "wall", "step_s": runs[name], "peak_gib": memory[name]}
+        for other in ("TRL: DPO defaults", "TRL: DPO, no checkpointing"):
+            ratios = [a / b for a, b in zip(runs[name], runs[other])]
+            row[f"vs {other}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+        row["memory vs TRL precompute"] = memory[name] / memory["TRL: DPO, precompute_ref_log_probs"]
+        rows.append(row)
+    return rows
+
+
+def side_by_side_table(rows):
+    lines = ["| configuration | step (s), median of repeats | / TRL defaults: median [min, max] | / TRL no checkpointing: median "
+             "[min, max] | peak memory (GiB) | / TRL precompute_ref_log_probs |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        cell = lambda k: f"{r[k]['median']:.3f} [{r[k]['min']:.3f}, {r[k]['max']:.3f}]"  # noqa: E731
+        lines.append(f"| {r['config']} | {statistics.median(r['step_s']):.3f} | {cell('vs TRL: DPO defaults')} | "
+                     f"{cell('vs TRL: DPO, no checkpointing')} | {r['peak_gib']:.3f} | {r['memory vs TRL precompute']:.3f} |")
+    return "\n".join(lines)
+
+
+def side_by_side_targets(rows):
+    """A target is claimed met or missed only where the ratio's whole range lies on one side of it."""
+    get = {r["config"]: r for r in rows}
+    checks = [("ours: offline, 2 models", "vs TRL: DPO defaults", 0.9), ("ours: offline, 2 models", "vs TRL: DPO, no checkpointing", 1.0),
+              ("ours: humanline k=1", "vs TRL: DPO defaults", 1.0), ("ours: humanline k=16", "vs TRL: DPO defaults", 1.0)]
+    out = []
+    for config, key, target in checks:
+        x = get[config][key]
+        verdict = "met" if x["max"] <= target else "MISSED" if x["min"] > target else "not decided (the range straddles it)"
+        out.append(f"- {verdict}: {config} {key} <= {target}: median {x['median']:.3f}, range [{x['min']:.3f}, {x['max']:.3f}]")
+    for config in ("ours: humanline k=1", "ours: humanline k=16"):
+        ratio = get[config]["memory vs TRL precompute"]
+        out.append(f"- {'met' if ratio <= 1 else 'MISSED'}: {config} peak memory / TRL precompute_ref_log_probs <= 1: {ratio:.3f}")
+    return "\n".join(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,10 +476,10 @@ def targets(rows):
         if r["config"] == "offline":
             out.append((f"{r['model']} {r['algo']}: offline / floor <= 1.15", r["vs_floor"], r["vs_floor"] <= 1.15))
     for r in rows:
-        pre = get(r["device"], r["model"], r["algo"], "precompute")
-        if r["config"] == "humanline k=1" and r["model"] == "30m" and pre:
+        pre = get(r["device"], r["model"], r["algo"], "offline, ref-free")
+        if r["config"] in ("humanline k=1", "humanline k=16") and r["model"] == "30m" and pre:
             ratio = r["peak_gib"] / pre["peak_gib"]
-            out.append((f"30m {r['algo']}: peak memory humanline k=1 / precompute <= 1.05", ratio, ratio <= 1.05))
+            out.append((f"30m {r['algo']}: peak memory {r['config']} / offline, ref-free <= 1.05", ratio, ratio <= 1.05))
     return "\n".join(f"- {'met' if ok else 'MISSED'}: {name}: {value:.3f}" for name, value, ok in out)
 
 
@@ -357,16 +493,20 @@ def main():
     p.add_argument("--peak_tflops", type=float, default=None, help="Peak dense TFLOP/s of the device for MFU (GPU default: from its name).")
     p.add_argument("--quick", action="store_true", help="Toy model, 3 steps: a smoke test.")
     p.add_argument("--out", default=os.path.join(RESULTS, "bench"), help="Writes OUT.jsonl and OUT.md.")
+    p.add_argument("--trl", action="store_true", help="DPO side by side with TRL's DPOTrainer (pip install trl) on the first of --models.")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--trl_options", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     opts = p.parse_args()
     sys.path.insert(0, ROOT)
     if opts.worker:
         opts.algo = opts.algos
-        print(json.dumps(worker(opts)))
+        print(json.dumps(trl_worker(opts) if opts.worker == "trl" else worker(opts)))
         return
     opts.models, opts.algos = opts.models.split(","), opts.algos.split(",")
+    if opts.trl and opts.out == os.path.join(RESULTS, "bench"):
+        opts.out = os.path.join(RESULTS, "bench_trl")
     if opts.quick:
         opts.models, opts.steps = ["toy"], 3
     import torch
@@ -386,7 +526,8 @@ def main():
     with tempfile.TemporaryDirectory() as workdir:
         for device in devices:
             peak = opts.peak_tflops if device == "cuda" else None
-            rows += bench(argparse.Namespace(**{**vars(opts), "peak_tflops": peak}), device, workdir)
+            run = side_by_side if opts.trl else bench
+            rows += run(argparse.Namespace(**{**vars(opts), "peak_tflops": peak}), device, workdir)
     meta = {"command": command.strip(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "load_before": load, "minutes": (time.time() - start) / 60}
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
@@ -394,7 +535,9 @@ def main():
         for row in rows:
             f.write(json.dumps(row | {"meta": meta}) + "\n")
     text = (f"`{meta['command']}` ({meta['minutes']:.1f} min; torch {meta['torch']}, {meta['cpus']} CPUs, one thread per "
-            f"process, load average {load:.1f} before the run)\n" + table(rows) + "\n\nTargets:\n\n" + targets(rows) + "\n")
+            f"process, load average {load:.1f} before the run)\n")
+    text += (side_by_side_table(rows) + "\n\nTargets:\n\n" + side_by_side_targets(rows) + "\n") if opts.trl else (
+        table(rows) + "\n\nTargets:\n\n" + targets(rows) + "\n")
     with open(opts.out + ".md", "w") as f:
         f.write(text)
     print(text)

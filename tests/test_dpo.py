@@ -259,10 +259,11 @@ def test_gradients_are_clipped_before_the_sync_and_the_update(sync, monkeypatch)
         gs = [q.grad for q in p.parameters()]
         norm = None if any(g is None for g in gs) else math.sqrt(sum((g.double() ** 2).sum().item() for g in gs))
         seen.append((norm, weights(p)))
-        real_sync(r, p)
+        return real_sync(r, p)
 
     monkeypatch.setattr(dpo_humanline, "sync_reference", spy)
-    norm = optimizer_step(policy, ref, opt, sched, max_norm, sync, 1, 0)
+    norm, seconds = optimizer_step(policy, ref, opt, sched, max_norm, sync, 1, 0)
+    assert seconds > 0
     after = weights(policy)
     assert float(norm) == pytest.approx(pre_norm, rel=1e-6)  # the returned norm is the pre-clip norm
     assert len(seen) == 1

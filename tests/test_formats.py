@@ -254,25 +254,23 @@ def test_the_reward_model_scores_the_template_once_with_one_bos_and_a_pad_token(
     assert got[0] != pytest.approx(got[1])
 
 
-@pytest.mark.parametrize("keep", [False, True])
-def test_dropout_is_off_so_reference_free_equals_two_models(tmp_path, keep):
-    """With dropout (here attention dropout 0.5) the k = 1 log-ratio would be mostly noise and the reference-free
-    losses (log-probs computed ahead, in eval mode) would differ from two models'; off by default, they are equal."""
+def test_dropout_is_off_by_default_and_reference_free_equals_two_models_either_way(tmp_path):
+    """With dropout (here attention dropout 0.5) the k = 1 log-ratio would be mostly noise, so it is off by default;
+    the reference's log-probs are computed in eval mode (as a reference model runs), with --keep_dropout too."""
     tokenizer = chat_tokenizer()
     torch.manual_seed(0)
     LlamaForCausalLM(tiny_config(tokenizer, attention_dropout=0.5)).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     data = write(tmp_path / "data.jsonl", PREFERENCE_SHAPES["conversational"])
-    losses = []
-    for ref_free in ("on", "off"):
-        records = train("dpo_humanline.py", ["--model_name_or_path", str(tmp_path / "model"), "--dataset", data, "--eval_prompts",
-                                             "none", "--humanline", "--ref_free", ref_free, "--learning_rate", "1e-3", "--beta", "1"]
-                        + (["--keep_dropout"] if keep else []), tmp_path / ref_free)
-        losses.append([r["loss"] for r in records if "loss" in r])
-    if keep:  # the first step: the reference-free ratio is exactly 0, the two-model one dropout noise
-        assert abs(losses[0][0] - losses[1][0]) > 1e-4
-    else:
-        assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    losses = {}
+    for keep in (False, True):
+        for ref_free in ("on", "off"):
+            records = train("dpo_humanline.py", ["--model_name_or_path", str(tmp_path / "model"), "--dataset", data, "--eval_prompts",
+                                                 "none", "--humanline", "--ref_free", ref_free, "--learning_rate", "1e-3", "--beta", "1"]
+                            + (["--keep_dropout"] if keep else []), tmp_path / f"{ref_free}{keep}")
+            losses[ref_free, keep] = [r["loss"] for r in records if "loss" in r]
+        assert losses["on", keep] == pytest.approx(losses["off", keep], rel=1e-6)
+    assert abs(losses["on", True][0] - losses["on", False][0]) > 1e-4  # the dropout noise: at step 1 the policy is its reference
 
 
 @pytest.mark.parametrize("where", ["online", "eval"])

@@ -20,13 +20,12 @@ from grpo_humanline import (
     Args,
     best_worst_pairs,
     collate,
-    completion_values,
     group_advantages,
     group_sequences,
     grpo_loss,
     micro_batches,
     optimizer_step,
-    record_sampler_logps,
+    reference_ahead,
     sample_and_score,
     token_logps,
 )
@@ -336,17 +335,16 @@ def test_sync_every_3_copies_pre_or_post_update(sync):
 
 
 # ----------------------------------------------------------------------------------------------
-# The sample buffer: groups -> sequences, the sampler's log-probs, online rounds
+# The sample buffer: groups -> sequences, the sampler's log-probs (computed ahead), online rounds
 # ----------------------------------------------------------------------------------------------
 
 
 def test_group_sequences_lays_out_groups_with_their_advantages():
     groups = [([1], [[2], [3], [4]], [1.0, 0.0, 0.0]), ([5], [[6], [7], [8]], [2.0, 2.0, 2.0])]
     seqs = group_sequences(groups)
-    assert [(p, c, r) for p, c, _, r, _ in seqs] == [([1], [2], 1.0), ([1], [3], 0.0), ([1], [4], 0.0),
+    assert [(p, c, r) for p, c, _, r in seqs] == [([1], [2], 1.0), ([1], [3], 0.0), ([1], [4], 0.0),
                                                      ([5], [6], 2.0), ([5], [7], 2.0), ([5], [8], 2.0)]
-    assert [a for _, _, a, _, _ in seqs] == pytest.approx([math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 0, 0, 0])
-    assert all(s[4] is None for s in seqs)
+    assert [a for _, _, a, _ in seqs] == pytest.approx([math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 0, 0, 0])
     pairs = group_sequences([([1], [[2], [3]], [1.0, 0.0])])
     assert [s[2] for s in pairs] == [1.0, -1.0]
 
@@ -365,26 +363,28 @@ def toy_model(toy):
 
 
 @pytest.mark.parametrize("rank, world", [(0, 1), (1, 2)])
-def test_recorded_sampler_logps_equal_the_training_forward_exactly(toy_model, rank, world):
+def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_model, rank, world):
+    """Online without --sync the reference is the sampler: at a sampling the policy computes the buffer's log-probs
+    in the micro-batches training uses (this process's share), so that the first ratio after sampling is exactly 1."""
     model, tok = toy_model
-    args = Args(batch_size=4, micro_batch_size=2)
+    args = Args(batch_size=4, micro_batch_size=2, online=True, max_steps=10)
     texts = [("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"), ("100+200=", "0+0+0=00;0+0+0=00;1+2+0=03>0300"),
              ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
-    seqs = [(tok(p)["input_ids"], tok(c + tok.eos_token)["input_ids"], 1.0, 1.0, None) for p, c in texts][:8]  # two steps of 4
+    seqs = [(tok(p)["input_ids"], tok(c + tok.eos_token)["input_ids"], 1.0, 1.0) for p, c in texts][:8]  # two steps of 4
     rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False))
-    recorded = record_sampler_logps(model, seqs, tok.pad_token_id, args, rt)
-    mine = set()
-    for s in range(2):
-        for micro in micro_batches(list(range(s * 4, (s + 1) * 4)), args, rank, world):
-            mine |= set(micro)
-            batch = [recorded[i] for i in micro]
-            ids, attn, mask = collate([b[:2] for b in batch], tok.pad_token_id, "cpu")
+    state = SimpleNamespace(step=3, round_start=3, ref_ahead={})
+    step_batch = lambda s: seqs[(s - 3) * 4: (s - 2) * 4] if s - 3 < 2 else None  # noqa: E731 (the buffer: steps 3, 4)
+    forwards = lambda batch, args, rank, world: [(m, [x[:2] for x in m]) for m in micro_batches(batch, args, rank, world)]  # noqa: E731
+    args.sync = "none"
+    reference_ahead(model.train(), state, 3, step_batch, forwards, tok, args, rt)
+    assert sorted(state.ref_ahead) == [3, 4] and model.training
+    for s in (3, 4):
+        micro = forwards(step_batch(s), args, rank, world)
+        assert len(state.ref_ahead[s]) == len(micro) == 2 // world
+        for (_, sequences), got in zip(micro, state.ref_ahead[s]):
             with torch.no_grad():
-                expected = token_logps(model, ids, attn, mask)
-            got = completion_values([b[4] for b in batch], [b[:2] for b in batch], mask[:, 1:])
-            assert torch.equal(got, expected)  # so the first ratio after sampling is exactly 1
-    assert all((recorded[i][4] is None) == (i not in mine) for i in range(8))
-    assert all(recorded[i][:4] == seqs[i][:4] for i in range(8))
+                expected = token_logps(model, *collate(sequences, tok.pad_token_id, "cpu"))
+            assert torch.equal(got, expected)
 
 
 def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):

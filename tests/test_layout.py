@@ -108,7 +108,7 @@ BAD = [
     (["--dataset", "missing/data.jsonl"], "--dataset missing/data.jsonl: no such file"),
     (["--reward_model", "./no_such_rm"], "--reward_model ./no_such_rm: no such file"),
     (["--dataset", "toy:nope"], "toy:nope: the toy datasets are"),
-    (["--precompute_ref", "--humanline"], "--precompute_ref needs --offline and --sync none"),
+    (["--ref_free", "maybe"], "--ref_free"),
 ]
 
 

@@ -1,11 +1,9 @@
-"""The performance paths train exactly like the plain ones (to float tolerance), on the toy task:
-
-- reference-free humanline, k = 1 (`--ref_free on`, the default where it applies): no reference model; the policy
-  computes the next step's reference log-probs just before its update. Against two models synced in place
-  (`--ref_free off`): DPO, KTO and GRPO with gradient accumulation, across online rounds, with two processes
-  (FSDP2), and across a resume;
-- `--precompute_ref`: the frozen reference's log-probs computed once before training, no reference model. Against
-  a live reference: DPO, KTO and GRPO, and with two processes.
+"""Reference-free training (`--ref_free`, on by default where it applies) trains exactly like two models synced in
+place (`--ref_free off`), to float tolerance, on the toy task. The reference is set to the policy at step 0 (and at
+each online round) and synced every k steps; at each of those moments the policy computes the reference log-probs
+of every known batch the reference will serve, and no reference model is loaded. Checked for k = 1, 4 and 16 and
+never synced, trust-region syncing, gradient accumulation, online rounds and GRPO's sampling buffers (periods that
+straddle them), two processes (FSDP2), and a resume in the middle of a sync period.
 
 Single-process runs execute the real scripts in this process (`runpy`, exactly what `python script.py` runs):
 each is then ~1 s instead of ~10 s of imports and start-up. Two-process runs go through torchrun."""
@@ -93,9 +91,9 @@ def steps(recs):
     return [r for r in recs if "loss" in r]
 
 
-def assert_same_training(a, b, rel=1e-5, abs_=1e-6):
+def assert_same_training(a, b, n, rel=1e-5, abs_=1e-6):
     a, b = steps(a), steps(b)
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, n + 1))
     for x, y in zip(a, b):
         keys = {k for k in x.keys() & y.keys() if k not in NOT_COMPARED and not k.startswith("perf/")}
         assert "loss" in keys and "grad_norm" in keys
@@ -109,63 +107,90 @@ def args_of(out):
 
 
 # ----------------------------------------------------------------------------------------------
-# Reference-free humanline, k = 1
+# Reference-free, any k
 # ----------------------------------------------------------------------------------------------
 
 SCRIPTS = ["dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py"]
-HUMANLINE = [*BASE, *ACCUM, "--humanline", "--save_every", "2"]
+
+
+def steps_flags(n):
+    return ["--max_steps", str(n), "--batch_size", "8", "--eval_prompts", "none", "--save_every", "0", *ACCUM]
+
+
+def compare(run, script, flags, n):
+    """Runs script with flags reference-free and with two models; asserts they train alike; returns both."""
+    two, loads_two, out_two = run(script, [*steps_flags(n), *flags, "--ref_free", "off"])
+    free, loads_free, out_free = run(script, [*steps_flags(n), *flags])  # auto: on
+    assert args_of(out_free)["ref_free"] == "on" and args_of(out_two)["ref_free"] == "off"
+    assert (loads_two, loads_free) == (2, 1)  # no reference model at all
+    assert_same_training(two, free, n)
+    return two, free
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_ref_free_equals_two_models_with_gradient_accumulation(script, run):
-    two, loads_two, out_two = run(script, [*HUMANLINE, "--ref_free", "off"])
-    free, loads_free, out_free = run(script, HUMANLINE)  # auto: on, since --humanline syncs every step
-    assert args_of(out_free)["ref_free"] == "on" and args_of(out_two)["ref_free"] == "off"
-    assert (loads_two, loads_free) == (2, 1)  # no reference model at all
-    assert_same_training(two, free)
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_ref_free_equals_two_models_for_any_k(script, k, run):
+    """Humanline syncing every k steps, with gradient accumulation, for more than one sync period."""
+    n = k + 3 if k < 16 else 18
+    _, free = compare(run, script, ["--humanline", "--sync_every", str(k)], n)
     losses = [r["loss"] for r in steps(free)]
     assert len(set(losses[1:])) > 1  # the reference moved: not simply the policy itself
-    for r in steps(free):
-        assert r["perf/step_seconds"] > 0 and r["perf/peak_memory_gib"] > 0
+    computes = [i == 0 or (i % k == k - 1 and i + 1 < n) for i in range(n)]  # step 0 and each sync step with steps after it
+    assert [r["perf/sync_seconds"] > 0 for r in steps(free)] == computes
 
 
-def test_ref_free_across_online_rounds(run):
-    """Rounds of 24 prompts keep about 16 pairs (2 steps): the reference restarts from the policy at each round."""
-    flags = [*BASE, *ACCUM, "--online", "--humanline", "--round_size", "24", "--num_samples", "4"]
-    two, _, _ = run("dpo_humanline.py", [*flags, "--ref_free", "off"])
-    free, loads, _ = run("dpo_humanline.py", flags)
-    assert loads == 1
-    assert len([r for r in free if "online/round" in r]) >= 2
-    assert_same_training(two, free)
+@pytest.mark.parametrize("script,flags", [
+    ("dpo_humanline.py", []),  # never synced: every step's reference log-probs are computed at step 0
+    ("kto_humanline.py", []),
+    ("grpo_humanline.py", []),
+    ("dpo_humanline.py", ["--sync", "trust_region", "--sync_every", "2"]),
+    ("grpo_humanline.py", ["--online", "--sample_every", "2", "--num_generations", "4"]),  # the sampler: each buffer
+    ("grpo_humanline.py", ["--online", "--pairs_from_samples", "--round_size", "16", "--num_generations", "4"]),
+], ids=["dpo-offline", "kto-offline", "grpo-offline", "dpo-trust-region-k2", "grpo-sample-every-2", "grpo-pairs"])
+def test_ref_free_equals_two_models_without_humanline_syncing(script, flags, run):
+    compare(run, script, flags, 5)
+
+
+def test_ref_free_across_online_rounds_with_periods_that_straddle_them(run):
+    """Rounds of 24 prompts keep about 16 pairs (2 steps); k = 3: a round's start sets the reference, a sync inside a
+    round sets it again for the rest of the round."""
+    flags = ["--online", "--humanline", "--sync_every", "3", "--round_size", "24", "--num_samples", "4"]
+    _, free = compare(run, "dpo_humanline.py", flags, 7)
+    assert len([r for r in free if "online/round" in r]) >= 3
     first_of_round = {r["step"] + 1 for r in free if "online/round" in r}
     for r in steps(free):  # the first step of a round has policy = reference: loss log 2
         assert (r["loss"] == pytest.approx(math.log(2), abs=1e-6)) == (r["step"] in first_of_round), r
 
 
-def test_ref_free_resumes_exactly(run, tmp_path):
-    _, _, out = run("dpo_humanline.py", HUMANLINE)
-    full = steps(records(out))
+def test_ref_free_resumes_exactly_in_the_middle_of_a_sync_period(run, tmp_path):
+    """k = 4: the checkpoint after step 6 holds the log-probs of steps 7 and 8 (computed at the sync step 4)."""
+    flags = [*steps_flags(9), "--humanline", "--sync_every", "4", "--save_every", "3"]
+    full, _, out = run("dpo_humanline.py", flags)
     resumed = tmp_path / "run"
     shutil.copytree(out, resumed)
-    shutil.rmtree(resumed / "checkpoint-4")
+    shutil.rmtree(resumed / "checkpoint-9")
     with pytest.raises(SystemExit, match="--ref_free on"):  # the checkpoint holds no reference model
-        run_in_process("dpo_humanline.py", [*HUMANLINE, "--ref_free", "off", "--resume"], resumed)
-    new = steps(run_in_process("dpo_humanline.py", [*HUMANLINE, "--resume"], resumed)[0])
-    assert [r["step"] for r in new] == [1, 2, 3, 4]
-    assert_same_training(full, new, rel=1e-6, abs_=1e-9)
+        run_in_process("dpo_humanline.py", [*flags, "--ref_free", "off", "--resume"], resumed)
+    state = torch.load(resumed / "checkpoint-6" / "state-rank0.pt", weights_only=True)["state"]
+    assert sorted(state["ref_ahead"]) == [6, 7]  # 0-based steps 6 and 7 are the 7th and 8th
+    new = steps(run_in_process("dpo_humanline.py", [*flags, "--resume"], resumed)[0])
+    assert [r["step"] for r in new] == list(range(1, 10))
+    assert_same_training(steps(full), new, 9, rel=1e-6, abs_=1e-9)
 
 
 @pytest.mark.parametrize("script,flags,match", [
-    ("dpo_humanline.py", ["--humanline", "--sync_every", "2", "--ref_free", "on"], "--ref_free"),
-    ("kto_humanline.py", ["--sync", "trust_region", "--ref_free", "on"], "--ref_free"),
-    ("grpo_humanline.py", ["--online", "--humanline", "--ref_free", "on"], "--offline"),
-    ("dpo_humanline.py", ["--humanline", "--precompute_ref"], "--precompute_ref"),
-    ("dpo_humanline.py", ["--sync", "humanline", "--sync_every", "2", "--ref_free", "on"], "--ref_free on needs"),
-    ("grpo_humanline.py", ["--online", "--precompute_ref"], "--precompute_ref"),
+    ("grpo_humanline.py", ["--online", "--humanline", "--ref_free", "on"], "online GRPO under --sync needs a reference model"),
+    ("grpo_humanline.py", ["--online", "--sync", "trust_region", "--ref_free", "on"], "online GRPO under --sync"),
+    ("dpo_humanline.py", ["--precompute_ref"], "unknown arguments: --precompute_ref"),
 ])
 def test_flags_that_do_not_apply_are_refused(script, flags, match, tmp_path):
     with pytest.raises(SystemExit, match=match):
         run_in_process(script, [*BASE, *flags], tmp_path)
+
+
+def test_online_grpo_under_sync_keeps_two_models(run):
+    _, loads, out = run("grpo_humanline.py", [*steps_flags(2), "--online", "--humanline", "--num_generations", "4"])
+    assert loads == 2 and args_of(out)["ref_free"] == "off"
 
 
 def test_sync_into_no_reference_is_a_no_op():
@@ -175,31 +200,28 @@ def test_sync_into_no_reference_is_a_no_op():
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
 
-# ----------------------------------------------------------------------------------------------
-# --precompute_ref
-# ----------------------------------------------------------------------------------------------
-
-OFFLINE = [*BASE, *ACCUM]
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_precompute_ref_equals_a_live_reference(script, run):
-    live, loads_live, _ = run(script, OFFLINE)
-    pre, loads_pre, _ = run(script, [*OFFLINE, "--precompute_ref"])
-    assert (loads_live, loads_pre) == (2, 1)
-    assert_same_training(live, pre)
-
-
-def test_precompute_logps_dedups_and_matches_the_training_forward(toy):
+@pytest.mark.parametrize("sync,k,reset,expected", [
+    ("humanline", 4, 0, {0: [0, 1, 2, 3], 3: [4, 5, 6, 7], 7: [8, 9, 10, 11]}),
+    ("humanline", 1, 0, {0: [0, 1], **{t: [t + 1] for t in range(1, 11)}}),
+    ("trust_region", 4, 0, {0: [0, 1, 2, 3], 4: [4, 5, 6, 7], 8: [8, 9, 10, 11]}),
+    ("none", 1, 0, {0: list(range(12))}),
+    ("humanline", 4, 5, {5: [5, 6, 7], 7: [8, 9, 10, 11]}),  # a round started at step 5
+])
+def test_reference_ahead_computes_each_batch_once_when_its_reference_is_the_policy(sync, k, reset, expected, toy):
+    """Which steps' log-probs the policy computes at the start of each step (0 to 11 of 12): exactly the steps whose
+    reference it is, or is about to be synced into."""
     model = AutoModelForCausalLM.from_pretrained(toy.model)
-    seqs = [([3, 4, 5], [6, 7]), ([3, 4], [5, 6, 7, 8, 9]), ([3, 4, 5], [6, 7]), ([9], [8])]
+    args = SimpleNamespace(sync=sync, sync_every=k, max_steps=12)
     rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False))
-    steps = [[(None, seqs[:2]), (None, seqs[2:])]]  # one step of two forwards of two sequences each
-    cache = dpo_humanline.precompute_ref(model.train(), steps, SimpleNamespace(pad_token_id=0), rt)
-    assert len(cache) == 3 and model.training
-    like = dpo_humanline.token_logps(model, *dpo_humanline.collate(seqs, 0, torch.device("cpu"))).detach()
-    got = dpo_humanline.completion_values([cache[dpo_humanline.sequence_key(s)] for s in seqs], seqs, like)
-    torch.testing.assert_close(got, like, rtol=1e-5, atol=1e-6)
+    forwards = lambda batch, args, rank, world: [(None, batch)]  # noqa: E731
+    state, got = SimpleNamespace(ref_ahead={}), {}
+    for step in range(reset, 12):
+        state.step, before = step, set(state.ref_ahead)
+        dpo_humanline.reference_ahead(model, state, reset, lambda s: [([1, 2], [3, 4 + s % 5])], forwards,
+                                      SimpleNamespace(pad_token_id=0), args, rt)
+        if set(state.ref_ahead) - before:
+            got[step] = sorted(set(state.ref_ahead) - before)
+    assert got == expected
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,12 +229,11 @@ def test_precompute_logps_dedups_and_matches_the_training_forward(toy):
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("script,flags", [
-    ("dpo_humanline.py", ["--humanline", "--save_every", "2"]),  # reference-free
-    ("grpo_humanline.py", ["--precompute_ref"]),
-], ids=["dpo-ref_free", "grpo-precompute_ref"])
+    ("dpo_humanline.py", ["--humanline", "--sync_every", "2"]),
+    ("grpo_humanline.py", []),  # never synced: every step computed at step 0
+], ids=["dpo-k2", "grpo-offline"])
 def test_two_processes_equal_one_two_model_process(script, flags, run, tmp_path):
-    reference_flags = [*BASE, *ACCUM, *flags] + (["--ref_free", "off"] if "--humanline" in flags else [])
-    reference_flags = [f for f in reference_flags if f != "--precompute_ref"]
-    one, _, _ = run(script, reference_flags)
-    two = launch_two_processes(script, [*BASE, "--micro_batch_size", "2", *flags], tmp_path / "two")
-    assert_same_training(one, two, rel=1e-4, abs_=1e-6)
+    one, _, _ = run(script, [*steps_flags(5), *flags, "--ref_free", "off"])
+    two = launch_two_processes(script, [*steps_flags(5), *flags, "--micro_batch_size", "2"], tmp_path / "two")
+    assert args_of(tmp_path / "two")["ref_free"] == "on"
+    assert_same_training(one, two, 5, rel=1e-4, abs_=1e-6)

@@ -40,7 +40,7 @@ def modes(algo):
         "humanline-two-models": ["--humanline", "--ref_free", "off"],
         "humanline-k2": ["--humanline", "--sync_every", "2"],
         "trust-region-k2": ["--sync", "trust_region", "--sync_every", "2"],
-        "precompute-ref": ["--precompute_ref"],
+        "offline-two-models": ["--ref_free", "off"],
         "online-humanline": [*ONLINE[algo], "--humanline"],
         "clamp-acts": ["--humanline", *TIGHT],
         "sampling-acts": ["--sync", "humanline", "--clip", "sampling", *TIGHT],

@@ -342,15 +342,15 @@ def test_a_non_finite_gradient_skips_the_step(script, toy):
     policy(input_ids=ids).logits.pow(2).mean().backward()
     m.optimizer_step(policy, ref, opt, sched, 1.0, "humanline", 1, 0)  # a good step: optimizer state exists
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    ref_before = {k: v.clone() for k, v in ref.state_dict().items()}
     opt_before = {k: {n: t.clone() for n, t in s.items()} for k, s in opt.state.items()}
     for skip, poison in ((False, math.nan), (False, math.inf), (True, 1.0)):
         (policy(input_ids=ids).logits.pow(2).mean() * poison).backward()
-        norm = m.optimizer_step(policy, ref, opt, sched, 1.0, "humanline", 1, 1, skip=skip)
+        norm, _ = m.optimizer_step(policy, ref, opt, sched, 1.0, "humanline", 1, 1, skip=skip)
         assert skip or not torch.isfinite(norm)
         assert all(p.grad is None for p in policy.parameters())  # dropped
         assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items())  # no update
-        assert all(torch.equal(v, ref_before[k]) for k, v in ref.state_dict().items())  # no sync
+        # synced all the same (the reference's schedule depends on the step alone, as reference-free runs need)
+        assert all(torch.equal(v, before[k]) for k, v in ref.state_dict().items())
         assert all(torch.equal(t, opt_before[k][n]) for k, s in opt.state.items() for n, t in s.items())
         assert sched.last_epoch == 1  # no scheduler step
 
