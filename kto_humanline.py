@@ -93,7 +93,7 @@ class Args:
     log_eps_P: float = field(default=-1.5, metadata={"help": "Lower bound of the token log-ratio."})
     log_eps_R: float = field(default=1.5, metadata={"help": "Upper bound of the token log-ratio."})
     sampling_c: float = field(default=humanline_sampling.DEFAULT_C, metadata={"help": "--clip sampling: Beta concentration c."})
-    ref_free: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "No reference model: the policy computes its log-probs ahead (auto: where it applies; off: two models)."})
+    ref_free: Literal["on", "off"] = field(default="on", metadata={"help": "No reference model: the policy computes its log-probs ahead (off: two models)."})
     # online sampling
     round_size: int = field(default=256, metadata={"help": "Prompts per online round (paper: 1024)."})
     num_samples: int = field(default=8, metadata={"help": "Completions sampled per prompt."})
@@ -182,7 +182,7 @@ def sync_reference(ref, policy):
         if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a no-grad forward
             model.reshard()
     for r, p in zip(ref.parameters(), policy.parameters()):
-        (r.to_local() if hasattr(r, "to_local") else r).copy_(p.to_local() if hasattr(p, "to_local") else p)
+        local(r).copy_(local(p))
     return time.time() - t0
 
 
@@ -257,7 +257,7 @@ def best_worst_pairs(groups, threshold):
 
 
 def main():
-    args = parse_args(Args, "kto", ref_free_online=True, checks=lambda a: [
+    args = parse_args(Args, "kto", checks=lambda a: [
         (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
         (a.batch_size < 2, "--batch_size must be at least 2: the KL estimate pairs each example with another's completion"),
         (min(a.desirable_weight, a.undesirable_weight) <= 0, "--desirable_weight and --undesirable_weight must be above 0"),
@@ -280,7 +280,7 @@ def main():
     optimizer, scheduler = make_optimizer(policy, args)
     sampling_params = humanline_sampling.limit_parameters(math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c)
     sampling_gen = torch.Generator(rt.device).manual_seed(args.seed + rt.rank)
-    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead={}, bad_steps=0)
+    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead={}, ref_weights=None, bad_steps=0)
 
     def step_batch(s):
         """Step s's examples: offline a function of s alone; online a slice of the current round (None past its end)."""
@@ -355,7 +355,7 @@ def main():
 # ============ TRY NOT TO MODIFY: everything below is plumbing, identical in the three scripts (tests/test_layout.py) ============
 
 
-def parse_args(Args, name, ref_free_online, checks):
+def parse_args(Args, name, checks):
     """Parse the flags, derive the mode, check every argument: a bad one stops the run with one line naming it."""
     parser = HfArgumentParser(Args)
     parser.error = lambda message: fail(True, message)  # one line, not argparse's usage block (e.g. a bad choice)
@@ -366,10 +366,6 @@ def parse_args(Args, name, ref_free_online, checks):
     fail(args.offline and args.online, "choose one of --offline and --online")
     args.offline = not args.online
     args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
-    ref_free_applies = args.offline or ref_free_online or args.sync == "none"  # online GRPO: see reference_ahead
-    fail(args.ref_free == "on" and not ref_free_applies, "--ref_free on: online GRPO under --sync needs a reference model (the reference "
-         "of the steps after a sampling is the policy before an earlier update; the samples exist only after it)")
-    args.ref_free = "on" if ref_free_applies and args.ref_free != "off" else "off"
     for rule, ok, flags in (("at least 1", lambda v: v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
                              "round_size max_new_tokens generation_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
                             ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
@@ -720,29 +716,60 @@ def evaluate(policy, tokenizer, scorer, rows, args, rt):
 
 # REF-FREE: the reference's log-probs computed ahead by the policy, no reference model
 def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer, args, rt):
-    """The reference is set to the policy at step `reset` (0; online DPO/KTO at each round's start, GRPO at each
-    sampling without --sync) and, under --sync, synced every k steps: humanline before step t's update (t = k-1,
+    """The reference is set to the policy at step `reset` (0; a round's start online, for GRPO each sampling without
+    --sync; None: only at 0) and, under --sync, synced every k steps: humanline before step t's update (t = k-1,
     2k-1, ...), trust region after it; either way it then serves steps t+1 to t+k. So the policy at the start of a
     step holds the weights that will be the reference of a run of steps: it computes the log-probs of those whose
     batches are known (in eval mode, as a reference runs) into state.ref_ahead {step: per micro-batch log-probs, on
-    the CPU}. (Online GRPO under --sync samples after an update the batches whose reference is the policy before it:
-    two models.) Returns the seconds it took."""
-    t0, k = time.time(), args.sync_every
-    owner = lambda s: max(reset, s // k * k - (args.sync == "humanline") if args.sync != "none" else 0)
-    steps, s = [], state.step if owner(state.step) == state.step else state.step + 1
-    while s < args.max_steps and owner(s) == state.step and step_batch(s) is not None:
-        steps, s = steps + [s], s + 1
-    if not steps:
-        return 0.0
-    policy.eval()
-    with torch.no_grad(), rt.autocast:
-        for s in tqdm(steps, desc="reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False, dynamic_ncols=True):
-            state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device)).cpu()
-                                  for _, seqs in forward_batches(step_batch(s), args, rt.rank, rt.world)]
-    policy.train()
-    if hasattr(policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
+    the CPU}. Online GRPO under --sync samples, after an update, batches whose reference is the policy before it:
+    those weights (this process's shards) wait on the CPU in state.ref_weights and are swapped into the policy to
+    score the samples. Returns the seconds it took."""
+    t0, k, done = time.time(), args.sync_every, []
+    owner = lambda s: max(reset or 0, s // k * k - (args.sync == "humanline") if args.sync != "none" else 0)
+
+    def run_of(o, s):  # the known steps from s on that the reference set at step o serves; and whether more will come
+        steps = []
+        while s < args.max_steps and owner(s) == o and step_batch(s) is not None:
+            steps, s = steps + [s], s + 1
+        return steps, reset is None and s < args.max_steps and owner(s) == o
+
+    def score(steps):
+        done.extend(steps)
+        policy.eval()
+        with torch.no_grad(), rt.autocast:
+            for s in tqdm(steps, desc="reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False, dynamic_ncols=True):
+                state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device)).cpu()
+                                      for _, seqs in forward_batches(step_batch(s), args, rt.rank, rt.world)]
+        policy.train()
+        if hasattr(policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
+            policy.reshard()
+
+    if state.ref_weights is not None:  # an earlier reference's weights score the new samples
+        steps, more = run_of(owner(state.step), state.step)
+        swap_weights(policy, state.ref_weights)
+        score(steps)
+        swap_weights(policy, state.ref_weights)
+        state.ref_weights = state.ref_weights if more else None
+    steps, more = run_of(state.step, state.step if owner(state.step) == state.step else state.step + 1)
+    score(steps)
+    if more:
+        state.ref_weights = [local(p).detach().to("cpu", copy=True) for p in policy.parameters()]
+    return time.time() - t0 if done or more else 0.0
+
+
+def local(p):
+    return p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 parameter: this process's shard
+
+
+@torch.no_grad()
+def swap_weights(policy, weights):
+    """Exchange the policy's parameters with `weights` (CPU tensors), one tensor at a time."""
+    if hasattr(policy, "reshard"):
         policy.reshard()
-    return time.time() - t0
+    for p, w in zip(policy.parameters(), weights):
+        held = local(p).to("cpu", copy=True)
+        local(p).copy_(w)
+        w.copy_(held)
 
 
 def accumulate(sums, metrics):

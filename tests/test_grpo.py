@@ -372,7 +372,7 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
              ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
     seqs = [(tok(p)["input_ids"], tok(c + tok.eos_token)["input_ids"], 1.0, 1.0) for p, c in texts][:8]  # two steps of 4
     rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False))
-    state = SimpleNamespace(step=3, round_start=3, ref_ahead={})
+    state = SimpleNamespace(step=3, round_start=3, ref_ahead={}, ref_weights=None)
     step_batch = lambda s: seqs[(s - 3) * 4: (s - 2) * 4] if s - 3 < 2 else None  # noqa: E731 (the buffer: steps 3, 4)
     forwards = lambda batch, args, rank, world: [(m, [x[:2] for x in m]) for m in micro_batches(batch, args, rank, world)]  # noqa: E731
     args.sync = "none"
