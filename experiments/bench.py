@@ -136,8 +136,7 @@ def worker(opts):
     tok = AutoTokenizer.from_pretrained(path)
     tok.pad_token = tok.pad_token or tok.eos_token
     if opts.worker == "baseline":
-        import datasets  # noqa: F401 (the scripts import it to read data)
-
+        importlib.import_module("datasets")  # the scripts import it to read data
         return {"peak_gib": peak_gib(device)}
     args = m.Args(batch_size=opts.batch, micro_batch_size=opts.batch)
     encoded = m.load_data(args, "examples" if opts.algo == "kto" else "preferences", tok, toy, argparse.Namespace(rank=0))
