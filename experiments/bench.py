@@ -20,10 +20,10 @@ rows excepted, which train on what they sample):
 
 Measured: each configuration runs in a fresh process (one thread on CPU) for --steps optimizer steps, timed by the
 scripts' own perf/ metrics (the step's wall time and CPU time: data, forwards, backward, update; not logging or
-checkpoints). The steps timed are all but the first (warm-up) and the last (reference-free humanline prepares no
-next step there); a configuration's step time is the fastest of them, over --repeats runs interleaved with the
-other configurations (the median is in the jsonl): other processes on a shared machine only ever add time, so
-the fastest of identical steps is the closest to the step's own cost. On CPU the ratios are of CPU times (a
+checkpoints). A run's step time is its mean over all its steps, so that the reference log-probs a
+reference-free run computes ahead (at step 0 and at each sync) count; a configuration's step time is the fastest
+such mean over --repeats runs interleaved with the other configurations (the median is in the jsonl): other
+processes on a shared machine only ever add time. On CPU the ratios are of CPU times (a
 one-thread process's CPU time is close to its wall time on a quiet core, while its wall time on a shared one
 mostly measures the neighbours; both are in the table), on a GPU of wall times. Peak memory is the scripts'
 perf/peak_memory_gib: on CPU the process's peak resident set size, from a separate 3-step run with glibc told
@@ -374,10 +374,6 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
             "online_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train) if rounds else None}
 
 
-def measured(steps):
-    """The steps timed: not the first (warm-up) nor the last (reference-free humanline prepares no next step there)."""
-    return steps[1:-1] if len(steps) > 2 else steps[-1:]
-
 
 def bench(opts, device, workdir):
     rows = []
@@ -402,9 +398,9 @@ def bench(opts, device, workdir):
                                 else run_script(algo, model_path, flags, batch, 3, device, workdir, memory=True))
             floor = results["floor"][0]
             tokens, params = statistics.median(floor["tokens"][1:] or floor["tokens"]), floor["params"]
-            wall = {name: min(x for r in rs for x in measured(r["steps"])) for name, rs in results.items()}
-            cpu = {name: min(x for r in rs for x in measured(r["cpu"])) for name, rs in results.items()}
-            median_cpu = {name: statistics.median(x for r in rs for x in measured(r["cpu"])) for name, rs in results.items()}
+            wall = {name: min(statistics.mean(r["steps"]) for r in rs) for name, rs in results.items()}
+            cpu = {name: min(statistics.mean(r["cpu"]) for r in rs) for name, rs in results.items()}
+            median_cpu = {name: statistics.median(statistics.mean(r["cpu"]) for r in rs) for name, rs in results.items()}
             step = cpu if device == "cpu" else wall  # the basis of the ratios (see the docstring)
             peak = {name: (memory[name] if memory else max(rs, key=lambda r: r["peak_gib"]))["peak_gib"] for name, rs in results.items()}
             sync_wall = min(r["sync_s"] for r in results["floor"])
@@ -498,8 +494,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="toy,30m", help="Comma-separated: toy, 30m.")
     p.add_argument("--algos", default="dpo,kto,grpo")
-    p.add_argument("--steps", type=int, default=5, help="Optimizer steps per configuration (the first and last are not timed).")
-    p.add_argument("--repeats", type=int, default=1, help="Timed runs per configuration, interleaved; the fastest step counts.")
+    p.add_argument("--steps", type=int, default=5, help="Optimizer steps per configuration, all timed.")
+    p.add_argument("--repeats", type=int, default=1, help="Timed runs per configuration, interleaved; the fastest run's mean step counts.")
     p.add_argument("--device", default="auto", help="auto (CPU, and CUDA too when there is a GPU) | cpu | cuda")
     p.add_argument("--peak_tflops", type=float, default=None, help="Peak dense TFLOP/s of the device for MFU (GPU default: from its name).")
     p.add_argument("--quick", action="store_true", help="Toy model, 3 steps: a smoke test.")

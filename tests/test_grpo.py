@@ -367,7 +367,7 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
     """Online without --sync the reference is the sampler: at a sampling the policy computes the buffer's log-probs
     in the micro-batches training uses (this process's share), so that the first ratio after sampling is exactly 1."""
     model, tok = toy_model
-    args = Args(batch_size=4, micro_batch_size=2, online=True, max_steps=10)
+    args = Args(batch_size=4, micro_batch_size=2, max_steps=10, sync="none")
     texts = [("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"), ("100+200=", "0+0+0=00;0+0+0=00;1+2+0=03>0300"),
              ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
     seqs = [(tok(p)["input_ids"], tok(c + tok.eos_token)["input_ids"], 1.0, 1.0) for p, c in texts][:8]  # two steps of 4
@@ -375,7 +375,6 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
     state = SimpleNamespace(step=3, round_start=3, ref_ahead={}, ref_weights=None)
     step_batch = lambda s: seqs[(s - 3) * 4: (s - 2) * 4] if s - 3 < 2 else None  # noqa: E731 (the buffer: steps 3, 4)
     forwards = lambda batch, args, rank, world: [(m, [x[:2] for x in m]) for m in micro_batches(batch, args, rank, world)]  # noqa: E731
-    args.sync = "none"
     reference_ahead(model.train(), state, 3, step_batch, forwards, tok, args, rt)
     assert sorted(state.ref_ahead) == [3, 4] and model.training
     for s in (3, 4):

@@ -1,9 +1,10 @@
-"""Reference-free training (`--ref_free`, on by default where it applies) trains exactly like two models synced in
-place (`--ref_free off`), to float tolerance, on the toy task. The reference is set to the policy at step 0 (and at
-each online round) and synced every k steps; at each of those moments the policy computes the reference log-probs
-of every known batch the reference will serve, and no reference model is loaded. Checked for k = 1, 4 and 16 and
-never synced, trust-region syncing, gradient accumulation, online rounds and GRPO's sampling buffers (periods that
-straddle them), two processes (FSDP2), and a resume in the middle of a sync period.
+"""Reference-free training (`--ref_free`, on by default) trains exactly like two models synced in place
+(`--ref_free off`), to float tolerance, on the toy task. The reference is set to the policy at step 0 (and at each
+online round) and synced every k steps; at each of those moments the policy computes the reference log-probs of
+every known batch the reference will serve, and no reference model is loaded (online GRPO under --sync keeps the
+weights it needs on the CPU until its samples exist). Checked for k = 1, 4 and 16 and never synced, trust-region
+syncing, gradient accumulation, online rounds and GRPO's sampling buffers (periods that straddle them), two
+processes (FSDP2), and a resume in the middle of a sync period.
 
 Single-process runs execute the real scripts in this process (`runpy`, exactly what `python script.py` runs):
 each is then ~1 s instead of ~10 s of imports and start-up. Two-process runs go through torchrun."""
@@ -101,11 +102,6 @@ def assert_same_training(a, b, n, rel=1e-5, abs_=1e-6):
             assert y[k] == pytest.approx(x[k], rel=rel, abs=abs_), (x["step"], k, x[k], y[k])
 
 
-def args_of(out):
-    with open(os.path.join(out, "args.json")) as f:
-        return json.load(f)
-
-
 # ----------------------------------------------------------------------------------------------
 # Reference-free, any k
 # ----------------------------------------------------------------------------------------------
@@ -119,9 +115,8 @@ def steps_flags(n):
 
 def compare(run, script, flags, n):
     """Runs script with flags reference-free and with two models; asserts they train alike; returns both."""
-    two, loads_two, out_two = run(script, [*steps_flags(n), *flags, "--ref_free", "off"])
-    free, loads_free, out_free = run(script, [*steps_flags(n), *flags])  # auto: on
-    assert args_of(out_free)["ref_free"] == "on" and args_of(out_two)["ref_free"] == "off"
+    two, loads_two, _ = run(script, [*steps_flags(n), *flags, "--ref_free", "off"])
+    free, loads_free, _ = run(script, [*steps_flags(n), *flags])  # the default
     assert (loads_two, loads_free) == (2, 1)  # no reference model at all
     assert_same_training(two, free, n)
     return two, free
@@ -131,7 +126,7 @@ def compare(run, script, flags, n):
 @pytest.mark.parametrize("k", [1, 4, 16])
 def test_ref_free_equals_two_models_for_any_k(script, k, run):
     """Humanline syncing every k steps, with gradient accumulation, for more than one sync period."""
-    n = k + 3 if k < 16 else 18
+    n = k + 2  # the sync at step k - 1 serves steps k and k + 1
     _, free = compare(run, script, ["--humanline", "--sync_every", str(k)], n)
     losses = [r["loss"] for r in steps(free)]
     assert len(set(losses[1:])) > 1  # the reference moved: not simply the policy itself
@@ -255,7 +250,6 @@ def test_reference_ahead_computes_each_batch_once_when_its_reference_is_the_poli
 def test_two_processes_equal_one_two_model_process(script, flags, run, tmp_path):
     one, _, _ = run(script, [*steps_flags(5), *flags, "--ref_free", "off"])
     two = launch_two_processes(script, [*steps_flags(5), *flags, "--micro_batch_size", "2"], tmp_path / "two")
-    assert args_of(tmp_path / "two")["ref_free"] == "on"
     assert_same_training(one, two, 5, rel=1e-4, abs_=1e-6)
 
 
