@@ -24,12 +24,14 @@ The README explains the memory options (`--ref_free`), the deviations and the pa
         --round_size 1024 --max_new_tokens 2048 --reward_model RLHFlow/ArmoRM-Llama3-8B-v0.1 --trust_remote_code
 """
 
+import hashlib
 import importlib
 import json
 import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,9 +39,11 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Literal, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import transformers
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser, set_seed
 
@@ -58,7 +62,7 @@ class Args:
     model_name_or_path: str = field(default="toy", metadata={"help": "'toy' (the built-in task) or a causal LM."})
     dataset: str = field(default="toy", metadata={"help": "prompt, chosen, rejected rows: 'toy', 'toy:weak', a hub name or a local file (online: its prompts)."})
     dataset_split: str = field(default="train", metadata={"help": "Split of --dataset."})
-    eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts: 'toy', a hub name or local file, 'none'."})
+    eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts: 'toy' (its test split), 'toy:valid', a hub name or local file, 'none'."})
     reward_model: str = field(default="toy", metadata={"help": "Scorer: toy, toy_verify, accuracy, a reward model, or module:function."})
     as_chat: bool = field(default=False, metadata={"help": "Wrap plain-string prompts as a user message (chat template)."})
     system_prompt: str = field(default="", metadata={"help": "With --as_chat, a system message first ('r1': Open-R1's prompt)."})
@@ -166,7 +170,7 @@ def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_
 def offline_batch(examples, step, batch_size, seed):
     """A step's offline batch: one fixed permutation per epoch, so the batch depends on the step only."""
     epoch, pos = divmod(step, len(examples) // batch_size)
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + epoch))
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(stream_seed(seed, "data", epoch)))
     return [examples[i] for i in order[pos * batch_size: (pos + 1) * batch_size].tolist()]
 
 
@@ -232,7 +236,7 @@ def main():
     scorer = make_scorer(args.reward_model, args, rt) if args.online or eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
     sampling_params = humanline_sampling.limit_parameters(math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c)
-    sampling_gen = torch.Generator(rt.device).manual_seed(args.seed + rt.rank)
+    sampling_gen = torch.Generator(rt.device).manual_seed(stream_seed(args.seed, "rejection", rt.rank))
     state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead={}, ref_weights=None, bad_steps=0)
 
     def step_batch(s):
@@ -254,10 +258,10 @@ def main():
             sync_reference(ref, policy)
             rows = [train_prompts[i] for i in round_prompts(len(train_prompts), args.round_size, state.round_index, args.seed)]
             groups, record = sample_and_score(policy, tokenizer, [(args.reward_model, 1.0, scorer)], rows,
-                                              args.num_samples, args, args.seed + state.round_index, rt)
+                                              args.num_samples, args, state.round_index, rt)
             pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
             state.round_index, state.round_start = state.round_index + 1, state.step
-            shuffle = torch.Generator().manual_seed(1_000_003 * (args.seed + 1) + state.round_index)
+            shuffle = torch.Generator().manual_seed(stream_seed(args.seed, "shuffle", state.round_index))
             state.round = [(pairs[i][0], *pairs[i][1]) for i in torch.randperm(len(pairs), generator=shuffle).tolist()]
             session.log({"step": state.step, "online/round": state.round_index, **record, "online/pairs": len(pairs),
                          "online/kept_frac": len(pairs) / len(rows), "online/seconds": time.time() - t0})
@@ -344,6 +348,29 @@ def fail(condition, message):
         raise SystemExit(message)
 
 
+STREAMS = ("init", "data", "prompts", "sampling", "shuffle", "rejection")
+
+
+def stream_seed(seed, stream, *index):
+    """The seed of one random stream of a run (data order of epoch i, sampling of round i, ...): numpy's SeedSequence
+    hashes (seed, stream, index), so no two seeds share a stream (seed + i would replay seed + 1's, shifted)."""
+    return int(np.random.SeedSequence(seed, spawn_key=(STREAMS.index(stream), *index)).generate_state(1)[0])
+
+
+def provenance():
+    """What ran, for args.json: the git commit, whether the code had uncommitted changes, a digest of the code and toy
+    task (the scripts, the modules they import, toy/SHA256SUMS) and the library versions."""
+    here, files = os.path.dirname(os.path.abspath(__file__)), [f"{a}_humanline.py" for a in ("dpo", "kto", "grpo")]
+    files += ["humanline_sampling.py", "math_rewards.py", "toy_task.py", "toy/SHA256SUMS"]
+    try:
+        git = lambda *a: subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=30).stdout.strip()  # noqa: E731
+        commit, dirty = git("rev-parse", "HEAD") or None, bool(git("status", "--porcelain", "--", *files))
+    except (OSError, subprocess.SubprocessError):  # no git: no commit
+        commit, dirty = None, None
+    code = hashlib.sha256(b"".join(open(os.path.join(here, f), "rb").read() for f in files if os.path.exists(os.path.join(here, f))))
+    return dict(commit=commit, dirty=dirty, code=code.hexdigest()[:16], torch=torch.__version__, transformers=transformers.__version__)
+
+
 def setup(args):
     """Processes (torchrun sets RANK/WORLD_SIZE; otherwise one), device and seeds."""
     distributed = "RANK" in os.environ
@@ -355,7 +382,7 @@ def setup(args):
         torch.cuda.set_device(device)
     fail(args.batch_size % (args.micro_batch_size * world), f"--batch_size {args.batch_size} must be a multiple of "
          f"--micro_batch_size x processes = {args.micro_batch_size} x {world}")
-    set_seed(args.seed + rank)
+    set_seed(stream_seed(args.seed, "init", rank))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and not distributed)
     return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast,
                            grad_accum=args.batch_size // (args.micro_batch_size * world))
@@ -415,9 +442,11 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
     if name == "none" and kind == "eval":
         return []
     if name == "toy" or name.startswith("toy:"):
-        source = name.partition(":")[2] or "strong"
-        fail(source not in toy.offline, f"{name}: the toy datasets are toy (= toy:strong) and toy:weak")
-        name = {"preferences": toy.offline[source], "examples": toy.offline[source], "prompts": toy.prompts_train, "eval": toy.prompts_test}[kind]
+        files = {"": toy.prompts_test, "test": toy.prompts_test, "valid": toy.prompts_valid} if kind == "eval" else \
+            {s: toy.prompts_train if kind == "prompts" else path for s, path in ({"": toy.offline["strong"]} | toy.offline).items()}
+        fail(name.partition(":")[2] not in files, f"{name}: " + ("the toy's held-out prompts are toy (its test split) and toy:valid"
+                                                              if kind == "eval" else "the toy datasets are toy (= toy:strong) and toy:weak"))
+        name = files[name.partition(":")[2]]
     import datasets
 
     datasets.disable_progress_bars()
@@ -616,19 +645,20 @@ def generate(model, tokenizer, prompts, n, args, greedy, seed):
 def round_prompts(n_prompts, round_size, round_index, seed):
     """Indices of a round's prompts: consecutive slices of one shuffled pass after another."""
     n_pass, pos = divmod(round_index, n_prompts // round_size)
-    order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed + n_pass))
+    order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(stream_seed(seed, "prompts", n_pass)))
     return order[pos * round_size: (pos + 1) * round_size].tolist()
 
 
-def sample_and_score(policy, tokenizer, scorers, rows, n, args, seed, rt, prefix="online"):
-    """n samples of each prompt row (greedy for prefix 'eval'), scored by the weighted sum of scorers [(name, weight,
+def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt, prefix="online"):
+    """n samples of each prompt row (greedy for prefix 'eval'; round_index picks the sampling stream), scored by the weighted sum of scorers [(name, weight,
     fn)], each given the rows' other columns too. Each process samples its share; every process gets all groups
     (row, prompt_ids, [completion_ids], [score, None where a scorer failed]) and the record: the mean reward of the
     scored samples, bad and truncated counts, each scorer's mean. A scorer failing on every sample stops the run."""
     mine = rows[rt.rank::rt.world]
     padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
     prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer))[-args.max_prompt_length:] for r in padded]
-    completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval", seed * 1000 + rt.rank)
+    completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval",
+                                   stream_seed(args.seed, "sampling", round_index, rt.rank))
     completions, finished = completions[: len(mine) * n], finished[: len(mine) * n]  # not the padding
     cut = sum(not f or len(prompts[j // n]) + len(c) > args.max_length for j, (c, f) in enumerate(zip(completions, finished)))
     flat = [r for r in mine for _ in range(n)]
@@ -743,7 +773,7 @@ class Session:
                 if d.startswith("checkpoint-") and d.endswith(".tmp"):
                     shutil.rmtree(os.path.join(args.output_dir, d), ignore_errors=True)
             with open(os.path.join(args.output_dir, "args.json"), "w") as f:
-                json.dump(asdict(args), f, indent=2)
+                json.dump(asdict(args) | {"provenance": provenance()}, f, indent=2)
             self.file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), state.step)
             if ckpt:
                 print(f"resumed from {ckpt} at step {state.step}")

@@ -6,7 +6,7 @@ paper's setting, built from real Hugging Face parts loaded by the same code path
 - a character-level fast tokenizer (`PreTrainedTokenizerFast`, pad/eos tokens, a chat template);
 - a 0.64M-parameter Llama (`LlamaForCausalLM`) trained from scratch by supervised fine-tuning and
   saved with `save_pretrained`: the *starting policy*;
-- prompts with train/test splits and a `solution` column (`datasets.load_dataset("json", ...)`);
+- prompts with train/validation/test splits and a `solution` column (`datasets.load_dataset("json", ...)`);
 - offline preference data in TRL columns (`prompt, chosen, rejected` + scores), made the way the
   paper's offline data was: samples from *another* model, scored, best vs worst kept when the
   score gap is at least tau;
@@ -94,6 +94,7 @@ class ToyConfig:
     # data
     n_train_prompts: int = 4096
     n_test_prompts: int = 256
+    n_valid_prompts: int = 256  # for choosing hyperparameters; disjoint from train and test
     offline_prompts: tuple = (("strong", 4096), ("weak", 768))  # source -> prompts sampled
     num_samples: int = 4  # per prompt, best vs worst (UltraFeedback also has 4 per prompt)
     temperature: float = 1.0
@@ -110,6 +111,7 @@ class ToyPaths:
     model: str  # starting policy (and its tokenizer): AutoModelForCausalLM.from_pretrained(model)
     prompts_train: str  # jsonl: prompt, solution
     prompts_test: str
+    prompts_valid: str  # jsonl: prompt, solution (a validation split, disjoint from both)
     offline: dict  # source name -> jsonl: prompt, chosen, rejected, scores, ref log-probs
     sources: dict  # source name -> the model that sampled that data (built instances only; not shipped)
     stats: str  # json written at build time
@@ -357,6 +359,14 @@ def _build(root, cfg: ToyConfig, log):
     for name, probs in split.items():
         _write_jsonl(os.path.join(root, f"prompts_{name}.jsonl"),
                      [dict(prompt=make_prompt(a, b), solution=str(a + b)) for a, b in probs])
+    # the validation split from its own random stream, so that the splits and everything after them are unchanged
+    valid_rng, split["valid"] = random.Random(f"valid-{cfg.seed}"), []
+    while len(split["valid"]) < cfg.n_valid_prompts:
+        ab = _random_operands(valid_rng, cfg.n_digits)
+        if ab not in seen:
+            seen.add(ab)
+            split["valid"].append(ab)
+    _write_jsonl(os.path.join(root, "prompts_valid.jsonl"), [dict(prompt=make_prompt(a, b), solution=str(a + b)) for a, b in split["valid"]])
     test_prompts = [make_prompt(a, b) for a, b in split["test"]]
 
     # the starting policy, and the early checkpoint of the same run that is the `weak` source
@@ -408,6 +418,7 @@ def _paths(root) -> ToyPaths:
     return ToyPaths(
         root=root, model=os.path.join(root, "model"),
         prompts_train=os.path.join(root, "prompts_train.jsonl"), prompts_test=os.path.join(root, "prompts_test.jsonl"),
+        prompts_valid=os.path.join(root, "prompts_valid.jsonl"),
         offline={n: os.path.join(root, f"offline_{n}.jsonl") for n in ("strong", "weak")},
         sources={n: os.path.join(root, f"source_{n}") for n in ("strong", "weak")},
         stats=os.path.join(root, "stats.json"),
@@ -436,13 +447,18 @@ def load(root=INSTANCE_DIR) -> ToyPaths:
     return _paths(root)
 
 
+def cached(cache_dir, config: ToyConfig) -> ToyPaths:
+    """Where `build(cache_dir, config)` puts (or has put) that instance, without building it."""
+    return _paths(os.path.join(cache_dir, f"seed{config.seed}-{config.fingerprint()}"))
+
+
 def build(cache_dir=None, config: ToyConfig = ToyConfig(), verbose=True) -> ToyPaths:
     """Build an instance from `config` into `cache_dir` if it is not there yet, and return its paths.
     Safe to call from several processes at once; a build that died halfway is never used."""
     cache_dir = cache_dir or os.environ.get("HUMANLINE_TOY_CACHE") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), ".cache", "toy_task")
-    root = os.path.join(cache_dir, f"seed{config.seed}-{config.fingerprint()}")
-    paths = _paths(root)
+    paths = cached(cache_dir, config)
+    root = paths.root
     complete = os.path.join(root, "COMPLETE")
     if os.path.exists(complete):
         return paths
@@ -478,7 +494,7 @@ def rebuild(config: ToyConfig = ToyConfig(), root=INSTANCE_DIR, verbose=True) ->
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(built.model, os.path.join(tmp, "model"))
         names = ["model/" + n for n in sorted(os.listdir(built.model))]
-        for path in (built.prompts_train, built.prompts_test, *built.offline.values(), built.stats):
+        for path in (built.prompts_train, built.prompts_test, built.prompts_valid, *built.offline.values(), built.stats):
             shutil.copy(path, tmp)
             names.append(os.path.basename(path))
         with open(os.path.join(tmp, "SHA256SUMS"), "w") as f:

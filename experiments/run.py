@@ -1,28 +1,37 @@
-"""Reproduce the paper's comparisons on the built-in toy task: seeds, standard errors, p-values.
+"""Reproduce the paper's comparisons on the built-in toy task: learning rates chosen per variant, seeds, p-values.
 
-    python experiments/run.py                      # every suite (hours on 2 CPU cores; resumable)
-    python experiments/run.py --suite main         # one suite: main | offpolicy | ablations | quality | timing | lr
+    python experiments/run.py                      # every suite, in order (hours on 2 CPU cores; resumable)
+    python experiments/run.py --suite sweep        # one suite: sweep | main | instances | offpolicy | ablations | quality
     python experiments/run.py --report             # only rebuild the tables and plots from finished runs
-    python experiments/run.py --quick              # every configuration for 2 steps (a smoke test)
+    python experiments/run.py --quick              # every configuration for 2 steps (a smoke test, about 2 minutes)
 
-Each run is one training script in a subprocess with one CPU thread (`--jobs` at a time; the timing
-suite one at a time). A run is finished when its `metrics.jsonl` has a record for the final step;
-finished runs are skipped, so an interrupted invocation continues where it stopped. Per run only
-`metrics.jsonl`, `args.json` and its wall and CPU seconds are kept (models and checkpoints are
-deleted). Results: `experiments/results/<suite>.md` (tables), `<suite>.jsonl` (one line per
-configuration), and PNG plots when matplotlib is installed (`pip install -r experiments/requirements.txt`).
+The order matters: `sweep` trains each of the 12 variants (DPO, KTO, GRPO x offline, offline+humanline, online,
+online+humanline) at five learning rates (0.25x-4x the paper's, its Table 3), 3 seeds each, scored on the toy's
+*validation* prompts; each variant's rate is the one with the highest mean there. Every other suite trains at the
+chosen rates with other seeds and is scored on the *test* prompts: `main` (5 seeds, evaluated every 10 steps),
+`instances` (the main comparisons on two more toy instances built from seeds 1 and 2), `offpolicy` (off-policy GRPO)
+and `ablations` and `quality` (DPO). A suite whose rates are not chosen yet leaves those configurations out.
 
-Every variant of a comparison sees the same number of training examples (steps x batch size), and
-hyperparameters differ between variants only where a row says so.
+Each run is one training script in a subprocess with one CPU thread (`--jobs` at a time). A run is finished when its
+`metrics.jsonl` has an evaluation at the final step; finished runs are skipped, so an interrupted invocation
+continues where it stopped. Runs are written to `results/runs/<suite>/` and packed, every few runs, into
+`results/<suite>.tar.gz` (`metrics.jsonl`, `args.json`, wall and CPU seconds; weights are deleted), which is what
+`--report` reads. Results: `results/<suite>.md` (tables), `<suite>.jsonl` (one line per configuration) and PNG plots
+when matplotlib is installed (`pip install -r experiments/requirements.txt`). A table holds runs of one version of
+the code (`provenance.code` in their `args.json`) unless `--mix_code` says otherwise.
 """
 
 import argparse
+import contextlib
+import gzip
+import io
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,87 +40,106 @@ from scipy import stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "experiments", "results")
+sys.path.insert(0, ROOT)
+import toy_task  # noqa: E402
+
+# the paper's learning rates (its Table 3) per objective and mode; a humanline variant starts from its mode's rate
+PAPER_LR = {"dpo offline": 5e-6, "dpo online": 2.5e-6, "kto offline": 5e-6, "kto online": 2.5e-6,
+            "grpo offline": 5e-6, "grpo online": 5e-6}
+MULTIPLES = (0.25, 0.5, 1, 2, 4)  # the sweep, x the paper's rate (humanline variants may need 0.1x-4x, the paper says)
+SHARED_LR = 5e-6  # one rate in every variant's sweep (the scripts' default): the shared-rate table
+SWEEP_SEEDS, SEEDS, FEW_SEEDS = (100, 101, 102), (0, 1, 2, 3, 4), (0, 1, 2)  # the sweep's seeds are used nowhere else
+INSTANCES = (1, 2)  # toy instances built from these seeds (the committed one is seed 0)
+EQUIVALENCE_MARGIN = 0.01  # held-out reward: two variants "match" when TOST puts their difference within +-0.01
+CURVE = ["--eval_every", "10"]  # test prompts, at step 0 and every 10 steps
+VALIDATION = ["--eval_prompts", "toy:valid", "--eval_every", "0"]  # validation prompts, at the end
+MODES = {"offline": ["--offline"], "offline+humanline": ["--offline", "--humanline"], "online": ["--online"],
+         "online+humanline": ["--online", "--humanline"]}
+CELLS = [(f"{algo} {mode}", f"{algo}_humanline.py", flags) for algo in ("dpo", "kto", "grpo") for mode, flags in MODES.items()]
 
 
-# The committed main, off-policy, ablation and quality tables were measured at one shared learning rate, 2e-5 (the
-# scripts' default until it became the paper's 5e-6, see the `lr` suite); pinned so that this runner reproduces them
-SHARED_LR = ["--learning_rate", "2e-5"]
-# the paper's online (2.5e-6) and offline (5e-6) rates; DPO's offline variants also at 2x the paper's (1e-5)
-LR_SWEEP = {"dpo offline": (2.5e-6, 5e-6, 1e-5), "dpo offline+humanline": (2.5e-6, 5e-6, 1e-5), "other": (2.5e-6, 5e-6)}
+def paper_lr(cell):
+    return PAPER_LR[cell.split("+")[0]]
 
 
-def suites(results):
-    """suite -> list of (config name, script, flags, seeds)."""
-    main = []
-    for algo in ("dpo", "kto", "grpo"):
-        main += [
-            (f"{algo} offline", f"{algo}_humanline.py", ["--offline"], 5),
-            (f"{algo} offline+humanline", f"{algo}_humanline.py", ["--offline", "--humanline"], 5),
-            (f"{algo} online", f"{algo}_humanline.py", ["--online"], 5),
-            (f"{algo} online+humanline", f"{algo}_humanline.py", ["--online", "--humanline"], 5),
-        ]
-    offpolicy = [
-        ("grpo online (sample every step)", "grpo_humanline.py", ["--online", "--sample_every", "1"], 5),
-        ("grpo off-policy (sample 64x every 64 steps)", "grpo_humanline.py", ["--online", "--sample_every", "64"], 5),
-        ("grpo off-policy+humanline k=16", "grpo_humanline.py",
-         ["--online", "--sample_every", "64", "--humanline", "--sync_every", "16"], 5),
-        # which half of humanline does the work off-policy: the ratio's denominator is then the reference synced every
-        # 16 steps instead of the sampler, which can be 64 steps old
-        ("grpo off-policy+sync only k=16", "grpo_humanline.py",
-         ["--online", "--sample_every", "64", "--sync", "humanline", "--sync_every", "16"], 3),
-        ("grpo off-policy+clamp only", "grpo_humanline.py", ["--online", "--sample_every", "64", "--clip", "clamp"], 3),
-        # syncing changes two terms: the ratio's denominator and the KL baseline (both the reference). Without the KL term
-        # (beta 0) only the denominator differs between these two rows
-        ("grpo off-policy, beta 0", "grpo_humanline.py", ["--online", "--sample_every", "64", "--beta", "0"], 3),
-        ("grpo off-policy+humanline k=16, beta 0", "grpo_humanline.py",
-         ["--online", "--sample_every", "64", "--humanline", "--sync_every", "16", "--beta", "0"], 3),
-        # ... and with the PPO clip [1 - eps, 1 + eps] opened wide: is the clip around a stale sampler what holds it back?
-        ("grpo off-policy, beta 0, eps 100", "grpo_humanline.py",
-         ["--online", "--sample_every", "64", "--beta", "0", "--eps", "100"], 3),
-    ]
-    ablations = [
-        ("dpo offline", "dpo_humanline.py", [], 3),
-        ("dpo sync only", "dpo_humanline.py", ["--sync", "humanline"], 3),
-        ("dpo clamp only", "dpo_humanline.py", ["--clip", "clamp"], 3),
-        ("dpo sync+clamp (humanline)", "dpo_humanline.py", ["--humanline"], 3),
-        ("dpo sync+sampling", "dpo_humanline.py", ["--sync", "humanline", "--clip", "sampling"], 3),
-        ("dpo trust-region sync+clamp", "dpo_humanline.py", ["--sync", "trust_region", "--clip", "clamp"], 3),
-    ]
-    ablations += [(f"dpo humanline k={k}", "dpo_humanline.py", ["--humanline", "--sync_every", str(k)], 3)
-                  for k in (2, 4, 8, 16)]
-    ablations += [(f"dpo humanline clip [{lo}, {hi}]", "dpo_humanline.py",
-                   ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)], 3)
-                  for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]  # the paper's Table 6
-    # regime probes: with k = 1 a token's log-ratio is one step's change (~0.002), far inside every Table 6 range, so
-    # those rows cannot differ; ranges this tight make the clamp act on 3-9% of tokens
-    ablations += [(f"dpo humanline clip [{-eps:g}, {eps:g}] (regime probe)", "dpo_humanline.py",
-                   ["--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)], 3) for eps in (0.01, 0.003)]
+def lr_flags(rate):
+    return ["--learning_rate", f"{rate:g}"]
+
+
+def suites(results, chosen):
+    """suite -> [(configuration, script, flags, seeds)], the later suites at the `chosen` rate of each variant."""
+    sweep = [(f"{cell} lr {m * paper_lr(cell):g}", script, flags + lr_flags(m * paper_lr(cell)) + VALIDATION, SWEEP_SEEDS)
+             for cell, script, flags in CELLS for m in MULTIPLES]
+    main = [(cell, script, flags + lr_flags(chosen[cell]) + CURVE, SEEDS) for cell, script, flags in CELLS if cell in chosen]
+    instances = []
+    for inst in INSTANCES:
+        paths = instance_paths(results, inst)
+        data = {"--offline": ["--dataset", paths.offline["strong"]], "--online": ["--dataset", paths.prompts_train]}
+        instances += [(f"instance {inst}: {cell}", script, flags + data[flags[0]] + lr_flags(chosen[cell]) + CURVE
+                       + ["--model_name_or_path", paths.model, "--eval_prompts", paths.prompts_test], FEW_SEEDS)
+                      for cell, script, flags in CELLS if cell in chosen and not cell.endswith("online+humanline")]
+    offpolicy = []
+    if "grpo online" in chosen:  # one rate for the whole suite: online GRPO's
+        off = ["--online", "--sample_every", "64"] + lr_flags(chosen["grpo online"]) + CURVE
+        offpolicy = [
+            ("grpo online (sample every step)", ["--online", "--sample_every", "1"] + off[3:], SEEDS),
+            ("grpo off-policy (sample 64x every 64 steps)", off, SEEDS),
+            ("grpo off-policy+humanline k=16", off + ["--humanline", "--sync_every", "16"], SEEDS),
+            # which half of humanline does the work off-policy: the ratio's denominator is then the reference synced
+            # every 16 steps instead of the sampler, which can be 64 steps old
+            ("grpo off-policy+sync only k=16", off + ["--sync", "humanline", "--sync_every", "16"], FEW_SEEDS),
+            ("grpo off-policy+clamp only", off + ["--clip", "clamp"], FEW_SEEDS),
+            # syncing changes two terms: the ratio's denominator and the KL baseline (both the reference). Without
+            # the KL term (beta 0) only the denominator differs between these two rows
+            ("grpo off-policy, beta 0", off + ["--beta", "0"], FEW_SEEDS),
+            ("grpo off-policy+humanline k=16, beta 0", off + ["--humanline", "--sync_every", "16", "--beta", "0"], FEW_SEEDS),
+            # ... and with the PPO clip [1 - eps, 1 + eps] opened wide: is the clip around a stale sampler what holds it back?
+            ("grpo off-policy, beta 0, eps 100", off + ["--beta", "0", "--eps", "100"], FEW_SEEDS)]
+        offpolicy = [(name, "grpo_humanline.py", flags, seeds) for name, flags, seeds in offpolicy]
+    ablations, quality = [], []
+    if "dpo offline+humanline" in chosen:  # one rate for the whole suite: offline+humanline DPO's
+        lr = lr_flags(chosen["dpo offline+humanline"]) + CURVE
+        dpo = [("dpo offline", []), ("dpo sync only", ["--sync", "humanline"]), ("dpo clamp only", ["--clip", "clamp"]),
+               ("dpo sync+clamp (humanline)", ["--humanline"]), ("dpo sync+sampling", ["--sync", "humanline", "--clip", "sampling"]),
+               ("dpo trust-region sync+clamp", ["--sync", "trust_region", "--clip", "clamp"])]
+        dpo += [(f"dpo humanline k={k}", ["--humanline", "--sync_every", str(k)]) for k in (2, 4, 8, 16)]
+        dpo += [(f"dpo humanline clip [{lo}, {hi}]", ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)])
+                for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]  # the paper's Table 6
+        dpo = [(name, ["--offline"] + flags) for name, flags in dpo]
+        # regime probes: with k = 1 a token's log-ratio is one step's change, far inside every Table 6 range, so those
+        # rows cannot differ; ranges this tight make the clamp act on a few percent of tokens
+        dpo += [(f"dpo humanline clip [{-eps:g}, {eps:g}] (regime probe)", ["--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)])
+                for eps in (0.01, 0.003)]
+        # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts
+        # keeps ~3200 pairs, so 80 steps of 32: compare with the other rows' step-80 evaluation), without and with
+        # humanline. Does the gap to online come from the offline data being another model's, or from its being stale?
+        dpo += [(f"dpo {name}on-policy data sampled once, 80 steps (data probe)", ["--online", "--round_size", "4096", "--max_steps", "80"] + f)
+                for name, f in (("", []), ("humanline, ", ["--humanline"]))]
+        ablations = [(name, "dpo_humanline.py", flags + lr, FEW_SEEDS) for name, flags in dpo]
+        quality = [(f"dpo offline+humanline, quartile {q} of the data", "dpo_humanline.py",
+                    ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"] + lr, FEW_SEEDS) for q in (1, 2, 3, 4)]
+        # the other source: the weak model's 755 pairs (proxy -0.60) against as many of the strong model's (-0.11), one epoch
+        quality += [(f"dpo offline+humanline, the {source} source's data, 23 steps", "dpo_humanline.py",
+                     ["--humanline", "--dataset", f"toy:{source}", "--max_steps", "23"] + lr, FEW_SEEDS) for source in ("weak", "strong")]
     ablations += [(f"{algo} humanline clip [{-eps:g}, {eps:g}] (regime probe)", f"{algo}_humanline.py",
-                   ["--offline", "--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)], 3)
-                  for algo in ("kto", "grpo") for eps in (0.01, 0.003)]
-    ablations += [(f"dpo humanline lr {lr:g}", "dpo_humanline.py", ["--humanline", "--learning_rate", str(lr)], 3)
-                  for lr in (2e-6, 5e-6, 1e-5, 4e-5)]  # 0.1x to 2x the shared 2e-5 (the paper allows 0.1x to 4x)
-    ablations += [(f"dpo {mode} lr {lr:g}", "dpo_humanline.py", flags + ["--learning_rate", str(lr)], 3)
-                  for mode, flags in (("offline", []), ("online", ["--online"])) for lr in (5e-6, 1e-5)]  # the same sweep, fairly
-    # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts keeps
-    # ~3200 pairs (3225 for seed 0), so 80 steps of 32: compare with the other rows' step-80 evaluation), without and with humanline.
-    # Does the gap to online come from the offline data being another model's, or from its being stale?
-    ablations += [(f"dpo {name}on-policy data sampled once, 80 steps (data probe)", "dpo_humanline.py",
-                   ["--online", "--round_size", "4096", "--max_steps", "80"] + flags, 3)
-                  for name, flags in (("", []), ("humanline, ", ["--humanline"]))]
-    quality = [(f"dpo offline+humanline, quartile {q} of the data", "dpo_humanline.py",
-                ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"], 3) for q in (1, 2, 3, 4)]
-    # the other source: the weak model's 755 pairs (proxy -0.60) against as many of the strong model's (-0.11), one epoch
-    quality += [(f"dpo offline+humanline, the {source} source's data, 23 steps", "dpo_humanline.py",
-                 ["--humanline", "--dataset", f"toy:{source}", "--max_steps", "23"], 3) for source in ("weak", "strong")]
-    # wall and CPU time of every main and off-policy variant, one run at a time on an otherwise idle machine
-    timing = [(name, script, flags, 1) for name, script, flags, _ in main + offpolicy]
-    pinned = {name: [(n, script, SHARED_LR + flags, seeds) for n, script, flags, seeds in configs] for name, configs in
-              (("main", main), ("offpolicy", offpolicy), ("ablations", ablations), ("quality", quality), ("timing", timing))}
-    # the sweep behind the scripts' default learning rate: every main variant at the paper's two rates (LR_SWEEP)
-    lr = [(f"{name} lr {rate:g}", script, flags + ["--learning_rate", str(rate)], 3) for name, script, flags, _ in main
-          for rate in LR_SWEEP.get(name, LR_SWEEP["other"])]
-    return pinned | {"lr": lr}
+                   ["--offline", "--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)]
+                   + lr_flags(chosen[f"{algo} offline+humanline"]) + CURVE, FEW_SEEDS)
+                  for algo in ("kto", "grpo") for eps in (0.01, 0.003) if f"{algo} offline+humanline" in chosen]
+    return dict(sweep=sweep, main=main, instances=instances, offpolicy=offpolicy, ablations=ablations, quality=quality)
+
+
+def instance_paths(results, seed):
+    """A toy instance built on this machine from `seed` by the recipe of the committed one (seed 0), cached beside the
+    results (`ensure_instances` builds it); --quick uses tiny ones."""
+    return toy_task.cached(os.path.join(results, "instances"), instance_config(results, seed))
+
+
+def instance_config(results, seed):
+    return toy_task.ToyConfig(seed=seed, **(TINY if os.path.basename(results) == "quick" else {}))
+
+
+TINY = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, sft_steps=20, strong_steps=5, weak_step=10, n_train_prompts=256, n_test_prompts=32, n_valid_prompts=32,
+            offline_prompts=(("strong", 256), ("weak", 64)))
 
 
 def quartile_file(results, q):
@@ -121,9 +149,6 @@ def quartile_file(results, q):
 def make_quartiles(results):
     """Split the toy `strong` offline data into quartiles of the data-quality proxy: the mean token
     log-prob of the pair (chosen and rejected) under the starting policy, lowest first."""
-    sys.path.insert(0, ROOT)
-    import toy_task
-
     rows = [json.loads(line) for line in open(toy_task.load().offline["strong"])]
     rows.sort(key=lambda r: (r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2)
     os.makedirs(os.path.dirname(quartile_file(results, 1)), exist_ok=True)
@@ -137,30 +162,74 @@ def make_quartiles(results):
     return ranges
 
 
-def run_dir(results, suite, name, seed):
-    slug = "".join(c if c.isalnum() else "_" for c in name).strip("_")
-    return os.path.join(results, suite, slug, f"seed{seed}")
+# ---- runs: a folder per run while it runs, one archive per suite once finished ----------------------------------------
+
+def slug(name):
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
-def finished(out, max_steps):
-    path = os.path.join(out, "metrics.jsonl")
-    if not os.path.exists(path):
-        return False
-    return any(json.loads(line).get("step") == max_steps and "eval/reward" in line for line in open(path))
+def run_key(name, seed):
+    return f"{slug(name)}/seed{seed}"
+
+
+def load_runs(results, suite):
+    """key -> {file name: text} for every run of a suite: those in its archive, then those in runs/<suite>/ (newer)."""
+    runs = {}
+    archive = os.path.join(results, f"{suite}.tar.gz")
+    if os.path.exists(archive):
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                if member.isfile():
+                    key, _, name = member.name.rpartition("/")
+                    runs.setdefault(key, {})[name] = tar.extractfile(member).read().decode()
+    live = os.path.join(results, "runs", suite)
+    for config in sorted(os.listdir(live)) if os.path.isdir(live) else []:
+        for seed in sorted(os.listdir(os.path.join(live, config))):
+            folder = os.path.join(live, config, seed)
+            files = {n: open(os.path.join(folder, n)).read() for n in os.listdir(folder) if n != "log.txt"}
+            if "cpu_seconds" in files:  # the runner writes it last
+                runs[f"{config}/{seed}"] = files
+    return runs
+
+
+def pack(results, suite):
+    """Write every finished run of a suite into `<suite>.tar.gz` (byte-stable: sorted, no times) and remove their folders."""
+    runs = load_runs(results, suite)
+    if not runs:
+        return
+    archive = os.path.join(results, f"{suite}.tar.gz")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for key in sorted(runs):
+            for name in sorted(runs[key]):
+                data = runs[key][name].encode()
+                info = tarfile.TarInfo(f"{key}/{name}")
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    with open(archive + ".tmp", "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as gz:
+        gz.write(buffer.getvalue())
+    os.replace(archive + ".tmp", archive)
+    for key in runs:
+        shutil.rmtree(os.path.join(results, "runs", suite, key), ignore_errors=True)
+        with contextlib.suppress(OSError):  # the configuration's folder, once empty
+            os.rmdir(os.path.join(results, "runs", suite, key.split("/")[0]))
+
+
+def records(run):
+    return [json.loads(line) for line in run.get("metrics.jsonl", "").splitlines() if line.strip()]
+
+
+def finished(run, max_steps):
+    return run is not None and "cpu_seconds" in run and any(r.get("step") == max_steps and "eval/reward" in r for r in records(run))
 
 
 def max_steps_of(flags):
     return int(flags[flags.index("--max_steps") + 1]) if "--max_steps" in flags else 120
 
 
-def launch(script, flags, seed, out, quick):
-    if quick:
-        flags = flags + ["--batch_size", "4", "--micro_batch_size", "4",
-                                                "--num_eval_prompts", "8", "--round_size", "8", "--eval_every", "0"]
-        if script.startswith("grpo"):
-            flags += ["--num_generations", "4"]
-    cmd = [sys.executable, os.path.join(ROOT, script), *flags, "--seed", str(seed), "--output_dir", out,
-           "--save_every", "0"]
+def launch(results, suite, name, script, flags, seed):
+    out = os.path.join(results, "runs", suite, run_key(name, seed))
+    cmd = [sys.executable, os.path.join(ROOT, script), *flags, "--seed", str(seed), "--output_dir", out, "--save_every", "0"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -168,24 +237,32 @@ def launch(script, flags, seed, out, quick):
     with open(os.path.join(out, "log.txt"), "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)  # the run's own CPU time (user + system), robust to a busy machine
-        rc = proc.returncode = os.waitstatus_to_exitcode(status)
-    if rc != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({rc}); see {out}/log.txt")
-    for name in os.listdir(out):  # keep the metrics, drop the weights
-        if name not in ("metrics.jsonl", "args.json"):
-            p = os.path.join(out, name)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({os.waitstatus_to_exitcode(status)}); see {out}/log.txt")
+    for file in os.listdir(out):  # keep the metrics, drop the weights
+        if file not in ("metrics.jsonl", "args.json", "log.txt"):
+            p = os.path.join(out, file)
             shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{time.time() - t0:.1f}\n")
-    with open(os.path.join(out, "cpu_seconds"), "w") as f:
+    with open(os.path.join(out, "cpu_seconds"), "w") as f:  # last: its presence marks a complete folder
         f.write(f"{usage.ru_utime + usage.ru_stime:.1f}\n")
+    os.remove(os.path.join(out, "log.txt"))
 
 
-def strip(flags, name):
-    if name in flags:
-        i = flags.index(name)
-        return flags[:i] + flags[i + 2:]
-    return flags
+def ensure_instances(results, configs):
+    for seed in [s for s in INSTANCES if any(name.startswith(f"instance {s}:") for name, *_ in configs)]:
+        print(f"toy instance {seed}: {toy_task.build(os.path.join(results, 'instances'), instance_config(results, seed), verbose=False).root}", flush=True)
+
+
+# ---- statistics ---------------------------------------------------------------------------------------------------------
+
+def mean_se(values):
+    """Mean and standard error over seeds, leaving out seeds without the value (NaN); NaN where no seed has it, and a
+    NaN error for one seed."""
+    v = np.array(values, dtype=float)
+    v = v[~np.isnan(v)] if not np.isnan(v).all() else v
+    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
 
 
 def holm(pvalues):
@@ -198,81 +275,42 @@ def holm(pvalues):
     return adjusted
 
 
-# training diagnostics: metric key in metrics.jsonl -> column name (GRPO logs `logps` and `ratio/abs_log`, DPO/KTO the others)
-DIAGNOSTICS = {"humanline/clamped_frac": "clamped frac", "rewards/margins": "margin", "ratio/abs_log": "mean |log-ratio|",
-               "logps/chosen": "logp chosen", "logps/rejected": "logp rejected", "logps": "logp completions"}
+def tost(a, b, margin):
+    """Two one-sided Welch t-tests of |mean(a) - mean(b)| < margin: a small p shows the two equivalent within the margin."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    d = a.mean() - b.mean()
+    if va + vb == 0:
+        return 0.0 if abs(d) < margin else 1.0
+    se, df = math.sqrt(va + vb), (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return float(max(stats.t.sf((d + margin) / se, df), stats.t.cdf((d - margin) / se, df)))
 
 
-def clamps(flags):
-    return "--humanline" in flags or any(flags[i:i + 2] in (["--clip", "clamp"], ["--clip", "sampling"]) for i in range(len(flags)))
+def significance(rows, pairs, margin=EQUIVALENCE_MARGIN):
+    """For each pair (a, b): the difference of final rewards, a Welch t-test of a difference and a TOST of equivalence
+    within +-margin, each Holm-Bonferroni corrected over the pairs, and what they allow one to say at the 5% level."""
+    by = {r["config"]: r for r in rows}
+    tests = [dict(a=a, b=b, comparison=f"{a} vs {b}", diff=float(np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"])),
+                  p=float(stats.ttest_ind(by[a]["rewards"], by[b]["rewards"], equal_var=False).pvalue),
+                  p_tost=tost(by[a]["rewards"], by[b]["rewards"], margin))
+             for a, b in pairs if a in by and b in by and by[a]["seeds"] > 1 and by[b]["seeds"] > 1]
+    for key in ("p", "p_tost"):
+        for t, adjusted in zip(tests, holm([t[key] for t in tests]) if tests else []):
+            t[key + "_holm"] = float(adjusted)
+    for t in tests:
+        t["verdict"] = ("higher" if t["diff"] > 0 else "lower") if t["p_holm"] < 0.05 else \
+            f"equivalent (within ±{margin:g})" if t["p_tost_holm"] < 0.05 else "not decided"
+    return tests
 
 
-def regime(flags, clamped_frac):
-    """Which regime a run is in: does the humanline clamp act on its tokens (the paper's regime) or not?"""
-    if not clamps(flags):
-        return "no clamp"
-    return "clamp active" if clamped_frac >= 0.01 else "clamp rare" if clamped_frac >= 0.001 else "clamp idle"
-
-
-def summarize(results, suite, configs):
-    """Per configuration: final held-out reward and accuracy (mean, standard error over seeds), wall
-    time, the humanline diagnostics (clamped fraction and margin or |log-ratio| averaged over training,
-    log-probs at the last step) and their per-step curves."""
-    rows = []
-    for name, script, flags, seeds in configs:
-        per_seed = []
-        for seed in range(seeds):
-            out = run_dir(results, suite, name, seed)
-            if not finished(out, max_steps_of(flags)):
-                continue
-            recs = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-            steps = [r for r in recs if "loss" in r]
-            evals = [r for r in recs if "eval/reward" in r]
-            per_seed.append(dict(
-                reward=evals[-1]["eval/reward"], accuracy=evals[-1].get("eval/accuracy", math.nan),
-                curve=[(r["step"], r["eval/reward"], r.get("eval/accuracy")) for r in evals],
-                train={k: [(r["step"], r[k]) for r in steps if k in r] for k in DIAGNOSTICS},
-                clamped=np.mean([r.get("humanline/clamped_frac", 0) for r in steps]),
-                margin=np.mean([r.get("rewards/margins", math.nan) for r in steps]),
-                abs_log_ratio=np.mean([r.get("ratio/abs_log", math.nan) for r in steps]),
-                logp_chosen=steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan)),
-                logp_rejected=steps[-1].get("logps/rejected", math.nan),
-                wall=float(open(os.path.join(out, "wall_seconds")).read()),
-                # the training loop alone: optimizer steps plus online sampling and scoring (no start-up, no evaluation)
-                loop=sum(r.get("perf/step_seconds", 0) + r.get("online/seconds", 0) for r in recs),
-                cpu=float(open(os.path.join(out, "cpu_seconds")).read()) if os.path.exists(os.path.join(out, "cpu_seconds")) else math.nan,
-            ))
-        if not per_seed:
-            continue
-
-        def ms(key):
-            return mean_se([s[key] for s in per_seed])
-
-        clamped = ms("clamped")
-        rows.append(dict(config=name, script=script, flags=flags, seeds=len(per_seed),
-                         rewards=[s["reward"] for s in per_seed], accuracies=[s["accuracy"] for s in per_seed],
-                         walls=[s["wall"] for s in per_seed], cpus=[s["cpu"] for s in per_seed], cpu=ms("cpu"),
-                         loops=[s["loop"] for s in per_seed], loop=ms("loop"),
-                         reward=ms("reward"), accuracy=ms("accuracy"), wall=ms("wall"), clamped_frac=clamped,
-                         regime=regime(flags, clamped[0]), margin=ms("margin"), abs_log_ratio=ms("abs_log_ratio"),
-                         logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"),
-                         curves=[s["curve"] for s in per_seed], train=[s["train"] for s in per_seed]))
-    return rows
-
-
-def mean_se(values):
-    """Mean and standard error over seeds, leaving out seeds without the value (NaN: e.g. runs made before CPU
-    time was kept); NaN where no seed has it, and a NaN error for one seed."""
-    v = np.array(values, dtype=float)
-    v = v[~np.isnan(v)] if not np.isnan(v).all() else v
-    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
-
-
-def comparisons(suite):
-    """The pairs of configurations tested against each other in a suite: (a, b) asks whether a differs from b."""
+def comparisons(suite, names=()):
+    """The pairs of configurations tested against each other in a suite: (a, b) asks how a differs from b."""
     if suite == "main":
-        return [(f"{algo} offline+humanline", f"{algo} {other}") for algo in ("dpo", "kto", "grpo")
-                for other in ("offline", "online")]
+        return [(f"{algo} {a}", f"{algo} {b}") for algo in ("dpo", "kto", "grpo")
+                for a, b in (("offline+humanline", "offline"), ("offline+humanline", "online"), ("online+humanline", "online"))]
+    if suite == "instances":
+        return [(f"{prefix}{algo} {a}", f"{prefix}{algo} {b}") for prefix in sorted({n.split(": ")[0] + ": " for n in names})
+                for algo in ("dpo", "kto", "grpo") for a, b in (("offline+humanline", "offline"), ("offline+humanline", "online"))]
     if suite == "offpolicy":
         return [("grpo off-policy+humanline k=16", "grpo online (sample every step)"),
                 ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)"),
@@ -290,18 +328,84 @@ def comparisons(suite):
     return []
 
 
-def significance(rows, pairs):
-    """Welch t-tests of the final reward for each pair (a, b), Holm-Bonferroni corrected over the pairs."""
-    by = {r["config"]: r for r in rows}
-    tests = []
-    for a, b in pairs:
-        if a in by and b in by and by[a]["seeds"] > 1 and by[b]["seeds"] > 1:
-            p = stats.ttest_ind(by[a]["rewards"], by[b]["rewards"], equal_var=False).pvalue
-            tests.append(dict(comparison=f"{a} vs {b}", p=float(p),
-                              diff=float(np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"]))))
-    for t, adj in zip(tests, holm([t["p"] for t in tests]) if tests else []):
-        t["p_holm"] = float(adj)
-    return tests
+# ---- summaries ----------------------------------------------------------------------------------------------------------
+
+# training diagnostics: metric key in metrics.jsonl -> column name (GRPO logs `logps` and `ratio/abs_log`, DPO/KTO the others)
+DIAGNOSTICS = {"humanline/clamped_frac": "clamped frac", "rewards/margins": "margin", "ratio/abs_log": "mean |log-ratio|",
+               "logps/chosen": "logp chosen", "logps/rejected": "logp rejected", "logps": "logp completions"}
+
+
+def clamps(flags):
+    return "--humanline" in flags or any(flags[i:i + 2] in (["--clip", "clamp"], ["--clip", "sampling"]) for i in range(len(flags)))
+
+
+def regime(flags, clamped_frac):
+    """Which regime a run is in: does the humanline clamp act on its tokens (the paper's regime) or not?"""
+    if not clamps(flags):
+        return "no clamp"
+    return "clamp active" if clamped_frac >= 0.01 else "clamp rare" if clamped_frac >= 0.001 else "clamp idle"
+
+
+def summarize(runs, configs):
+    """Per configuration with finished runs: final held-out reward and accuracy (mean, standard error over seeds), wall
+    and CPU time, the humanline diagnostics (clamped fraction and margin or |log-ratio| averaged over training,
+    log-probs at the last step), their per-step curves and each run's args.json."""
+    rows = []
+    for name, script, flags, seeds in configs:
+        per_seed = []
+        for seed in seeds:
+            run = runs.get(run_key(name, seed))
+            if not finished(run, max_steps_of(flags)):
+                continue
+            recs = records(run)
+            steps = [r for r in recs if "loss" in r]
+            evals = [r for r in recs if "eval/reward" in r]
+            per_seed.append(dict(
+                reward=evals[-1]["eval/reward"], accuracy=evals[-1].get("eval/accuracy", math.nan),
+                curve=[(r["step"], r["eval/reward"], r.get("eval/accuracy")) for r in evals],
+                train={k: [(r["step"], r[k]) for r in steps if k in r] for k in DIAGNOSTICS},
+                clamped=np.mean([r.get("humanline/clamped_frac", 0) for r in steps]),
+                margin=np.mean([r.get("rewards/margins", math.nan) for r in steps]),
+                abs_log_ratio=np.mean([r.get("ratio/abs_log", math.nan) for r in steps]),
+                logp_chosen=steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan)),
+                logp_rejected=steps[-1].get("logps/rejected", math.nan),
+                wall=float(run["wall_seconds"]), cpu=float(run["cpu_seconds"]),
+                # the training loop alone: optimizer steps plus online sampling and scoring (no start-up, no evaluation)
+                loop=sum(r.get("perf/step_seconds", 0) + r.get("online/seconds", 0) for r in recs),
+                args=json.loads(run.get("args.json", "{}"))))
+        if not per_seed:
+            continue
+
+        def ms(key):
+            return mean_se([s[key] for s in per_seed])
+
+        clamped = ms("clamped")
+        rows.append(dict(config=name, script=script, flags=flags, seeds=len(per_seed), reward=ms("reward"), accuracy=ms("accuracy"),
+                         rewards=[s["reward"] for s in per_seed], accuracies=[s["accuracy"] for s in per_seed],
+                         walls=[s["wall"] for s in per_seed], cpus=[s["cpu"] for s in per_seed], loops=[s["loop"] for s in per_seed],
+                         wall=ms("wall"), cpu=ms("cpu"), loop=ms("loop"), clamped_frac=clamped, regime=regime(flags, clamped[0]),
+                         margin=ms("margin"), abs_log_ratio=ms("abs_log_ratio"), logp_chosen=ms("logp_chosen"),
+                         logp_rejected=ms("logp_rejected"), curves=[s["curve"] for s in per_seed],
+                         train=[s["train"] for s in per_seed], args=[s["args"] for s in per_seed]))
+    return rows
+
+
+def code_versions(rows):
+    """The versions of the code (provenance.code in args.json; None: not recorded) that a table's runs ran."""
+    return sorted({str(a.get("provenance", {}).get("code")) for r in rows for a in r["args"]})
+
+
+def choose_rates(results):
+    """variant -> the sweep's learning rate with the highest mean validation reward, for variants whose sweep is
+    complete (every rate, every seed)."""
+    rows = {r["config"]: r for r in summarize(load_runs(results, "sweep"), suites(results, {})["sweep"])}
+    chosen = {}
+    for cell, _, _ in CELLS:
+        rates = [m * paper_lr(cell) for m in MULTIPLES]
+        cells = [rows.get(f"{cell} lr {rate:g}") for rate in rates]
+        if all(c and c["seeds"] == len(SWEEP_SEEDS) for c in cells):
+            chosen[cell] = rates[int(np.argmax([c["reward"][0] for c in cells]))]
+    return chosen
 
 
 def fmt(pair, digits=3):
@@ -312,77 +416,190 @@ def fmt(pair, digits=3):
 
 
 def starting_reward():
-    """The starting policy's held-out greedy reward, measured when the toy task was built."""
-    sys.path.insert(0, ROOT)
-    import toy_task
-
+    """The starting policy's held-out (test) greedy reward, measured when the toy task was built."""
     with open(toy_task.load().stats) as f:
         return json.load(f)["policy/test_reward"]
 
 
-def report(results, suite, configs, extra="", start=None):
-    rows = summarize(results, suite, configs)
-    os.makedirs(results, exist_ok=True)
+# ---- tables -------------------------------------------------------------------------------------------------------------
+
+def provenance_line(rows):
+    runs = [a.get("provenance", {}) for r in rows for a in r["args"]]
+    commits = sorted({str(p.get("commit"))[:10] for p in runs})
+    dirty = sum(bool(p.get("dirty")) for p in runs)
+    versions = {k: sorted({str(p.get(k)) for p in runs}) for k in ("code", "torch", "transformers")}
+    return (f"{len(runs)} runs of code {', '.join(versions['code'])} (commit {', '.join(commits)}"
+            + (f"; {dirty} with uncommitted changes to it" if dirty else "") + f"), torch {', '.join(versions['torch'])}, "
+            f"transformers {', '.join(versions['transformers'])}.")
+
+
+def rate_of(flags):
+    return float(flags[flags.index("--learning_rate") + 1]) if "--learning_rate" in flags else math.nan
+
+
+def long_table(rows):
+    lines = ["Final held-out greedy reward and exact accuracy on 256 toy test problems (mean ± standard error over "
+             "seeds); the learning rate; wall and CPU time per run (1 CPU thread, two runs at a time) and the wall time of "
+             "its training loop alone (optimizer steps plus online sampling and scoring). Humanline diagnostics: the "
+             "fraction of tokens whose log-ratio to the reference lies outside the clamp's range (clamped by the runs "
+             "that clamp; for the others, what [-1.5, 1.5] would have cut), averaged over training; the regime this "
+             "puts a run in (clamp active: >= 1% of tokens, rare: 0.1-1%, idle: < 0.1%); the DPO/KTO reward margin "
+             "(GRPO: the mean |token log-ratio| to the reference) averaged over training; mean token log-probs of chosen "
+             "and rejected (GRPO: of the trained completions) at the last step.", "",
+             "| configuration | seeds | reward | accuracy | lr | wall s | CPU s | loop s | clamped frac | regime | margin "
+             "| mean abs log-ratio | logp chosen | logp rejected |", "|---" * 14 + "|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {fmt(r['accuracy'])} | {rate_of(r['flags']):g} "
+                     f"| {fmt(r['wall'], 0)} | {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} | {fmt(r['clamped_frac'], 4)} "
+                     f"| {r['regime']} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} | {fmt(r['logp_chosen'])} "
+                     f"| {fmt(r['logp_rejected'])} |")
+    return lines
+
+
+def tests_table(tests, title="the comparisons of this table"):
+    if not tests:
+        return []
+    return ["", f"Welch t-tests of a difference in final reward and two one-sided tests (TOST) of equivalence within "
+            f"±{EQUIVALENCE_MARGIN:g} reward (the margin fixed before the runs), each Holm-Bonferroni corrected over "
+            f"{title}; the verdict at the 5% level:", "",
+            "| comparison | reward difference | p (Welch) | p (Holm) | p (TOST) | p (TOST, Holm) | verdict |", "|---" * 7 + "|"] + [
+        f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} | {t['p_tost']:.3g} "
+        f"| {t['p_tost_holm']:.3g} | {t['verdict']} |" for t in tests]
+
+
+def time_ratios(rows):
+    by = {r["config"]: r for r in rows}
+    pairs = [(f"{algo} {slow}", f"{algo} {fast}") for algo in ("dpo", "kto", "grpo")
+             for slow, fast in (("online", "offline+humanline"), ("offline+humanline", "offline"))]
+    pairs += [("grpo online (sample every step)", "grpo off-policy+humanline k=16")]
+    pairs = [(by[a], by[b]) for a, b in pairs if a in by and b in by]
+    if not pairs:
+        return []
+    return ["", "| time ratio (medians over seeds) | wall | CPU | training loop |", "|---|---|---|---|"] + [
+        f"| {a['config']} / {b['config']} | {np.median(a['walls']) / np.median(b['walls']):.2f} "
+        f"| {np.median(a['cpus']) / np.median(b['cpus']):.2f} | {np.median(a['loops']) / np.median(b['loops']):.2f} |"
+        for a, b in pairs]  # medians: a seed run on a busier machine moves a mean
+
+
+SETUP_KEYS = ("learning_rate", "max_grad_norm", "batch_size", "beta", "eps", "num_generations", "sync_every",
+              "log_eps_P", "log_eps_R", "round_size", "num_samples", "max_steps")
+
+
+def setup_table(rows):
+    """The settings each variant of `main` ran with, read from its runs' args.json (the README's setup table)."""
+    keys = [k for k in SETUP_KEYS if any(k in a for r in rows for a in r["args"])]
+    lines = ["| variant | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for r in rows:
+        values = [{json.dumps(a.get(k)) for a in r["args"]} for k in keys]
+        show = lambda v, k: "–" if v == {"null"} or (k in ("round_size", "num_samples") and "offline" in r["config"]) else \
+            ", ".join(sorted(v)).replace('"', "")  # noqa: E731
+        lines.append(f"| {r['config']} | " + " | ".join(show(v, k) for v, k in zip(values, keys)) + " |")
+    return lines
+
+
+def sweep_tables(rows, start=None):
+    by = {r["config"]: r for r in rows}
+    chosen = {}
+    lines = ["Mean reward on the 256 validation prompts (3 seeds, ± standard error) at each learning rate, as a multiple of "
+             "the paper's rate for that variant (its Table 3); the chosen rate has the highest mean.", "",
+             "| variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen |", "|---" * (len(MULTIPLES) + 3) + "|"]
+    for cell, _, _ in CELLS:
+        cells = [by.get(f"{cell} lr {m * paper_lr(cell):g}") for m in MULTIPLES]
+        done = all(c and c["seeds"] == len(SWEEP_SEEDS) for c in cells)
+        if done:
+            best = int(np.argmax([c["reward"][0] for c in cells]))
+            chosen[cell] = MULTIPLES[best] * paper_lr(cell)
+        lines.append(f"| {cell} | {paper_lr(cell):g} | " + " | ".join(
+            ("**" + fmt(c["reward"]) + "**" if done and i == best else fmt(c["reward"]) + ("" if c["seeds"] == len(SWEEP_SEEDS) else f" (n={c['seeds']})"))
+            if c else "" for i, c in enumerate(cells)) + f" | {chosen[cell]:g} |" if done else " | not yet |")
+    lines += ["", f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
+              "variant's chosen rate (validation reward):", "", "| variant | at the shared rate | at its chosen rate |", "|---|---|---|"]
+    for cell, _, _ in CELLS:
+        shared = by.get(f"{cell} lr {SHARED_LR:g}")
+        best = by.get(f"{cell} lr {chosen[cell]:g}") if cell in chosen else None
+        lines.append(f"| {cell} | {fmt(shared['reward']) if shared else ''} | {fmt(best['reward']) + f' ({chosen[cell]:g})' if best else ''} |")
+    lines += ["", "The mechanism, offline: at each rate the validation reward, the DPO/KTO reward margin (GRPO: mean |token "
+              "log-ratio| to the reference) and the fraction of tokens outside [-1.5, 1.5], both averaged over training:", "",
+              "| variant | lr | reward | margin | mean abs log-ratio | clamped frac |", "|---|---|---|---|---|---|"]
+    for cell, _, _ in CELLS:
+        if "offline" in cell:
+            for m in MULTIPLES:
+                r = by.get(f"{cell} lr {m * paper_lr(cell):g}")
+                if r:
+                    lines.append(f"| {cell} | {m * paper_lr(cell):g} | {fmt(r['reward'])} | {fmt(r['margin'])} "
+                                 f"| {fmt(r['abs_log_ratio'], 4)} | {fmt(r['clamped_frac'], 4)} |")
+    return lines
+
+
+def instance_tables(rows, main_rows):
+    """The main comparisons on each toy instance: instance 0 is the committed one (the main suite's runs)."""
+    rows = [dict(r, config=f"instance 0: {r['config']}") for r in main_rows if not r["config"].endswith("online+humanline")] + rows
+    by = {r["config"]: r for r in rows}
+    names = sorted({r["config"].split(": ")[0] for r in rows})
+    cells = list(dict.fromkeys(r["config"].split(": ")[1] for r in rows))
+    lines = ["Final test reward (mean ± standard error over seeds; instance 0: the main suite's 5 seeds, others 3) on each "
+             "toy instance, at the variant's learning rate chosen on instance 0:", "",
+             "| variant | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [f"| {c} | " + " | ".join(fmt(by[f'{n}: {c}']['reward']) if f"{n}: {c}" in by else "" for n in names) + " |" for c in cells]
+    verdicts = {}
+    for n in names:  # Holm over each instance's comparisons
+        for t in significance(rows, [p for p in comparisons("instances", [r["config"] for r in rows]) if p[0].startswith(n + ":")]):
+            verdicts[(n, t["comparison"].split(": ", 1)[1].replace(f" vs {n}: ", " vs "))] = t
+    pairs = list(dict.fromkeys(k[1] for k in verdicts))
+    lines += ["", "Each comparison on each instance (difference, verdict of Welch and TOST at 5%, Holm over the instance's "
+              "comparisons) and whether the verdict is the same on all of them:", "",
+              "| comparison | " + " | ".join(names) + " | same on all |", "|---" * (len(names) + 2) + "|"]
+    for p in pairs:
+        ts = [verdicts.get((n, p)) for n in names]
+        same = all(ts) and len({t["verdict"] for t in ts}) == 1
+        lines.append(f"| {p} | " + " | ".join(f"{t['diff']:+.3f} ({t['verdict']}, p {t['p_holm']:.2g})" if t else "" for t in ts)
+                     + f" | {'yes' if same else 'no' if all(ts) else 'incomplete'} |")
+    return lines, rows
+
+
+def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
+    """Write `<suite>.md`, `<suite>.jsonl` and the plot from the suite's finished runs (instances and ablations also
+    read the main suite's `main_rows`)."""
+    rows = summarize(load_runs(results, suite), configs)
+    if not rows:
+        print(f"{suite}: no finished runs yet")
+        return rows
+    versions = code_versions(rows + (list(main_rows) if suite == "instances" else []))
+    if len(versions) > 1 and not mix_code:
+        raise SystemExit(f"{suite}: its runs ran {len(versions)} versions of the code ({', '.join(versions)}); rerun the old "
+                         f"ones (remove them from {suite}.tar.gz) or pass --mix_code")
+    start = starting_reward()
     with open(os.path.join(results, f"{suite}.jsonl"), "w") as f:
         for r in rows:
-            f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train")}) + "\n")
-    lines = [f"# {suite}", "", extra,
-             "Final held-out greedy reward and exact accuracy on 256 toy test problems (mean ± standard error over "
-             "seeds); wall and CPU time per run (1 CPU thread; two runs at a time, the `timing` suite one at a time) and the "
-             "wall time of its training loop alone (optimizer steps plus online sampling and scoring: no start-up, no "
-             "evaluation). Humanline diagnostics: the fraction of "
-             "tokens whose log-ratio to the reference lies outside [-1.5, 1.5] (clamped by the runs that clamp; for "
-             "the others, what a clamp would have cut), averaged over training; the regime this puts a run in "
-             "(clamp active: >= 1% of tokens, rare: 0.1-1%, idle: < 0.1%); the DPO/KTO reward margin (GRPO: the "
-             "mean |token log-ratio| to the reference) averaged over training; mean token log-probs of chosen and "
-             "rejected (GRPO: of the trained completions) at the last step.", "",
-             "| configuration | seeds | reward | accuracy | wall s | CPU s | loop s | clamped frac | regime | margin | mean abs log-ratio "
-             "| logp chosen | logp rejected |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {fmt(r['accuracy'])} | {fmt(r['wall'], 0)} "
-                     f"| {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} "
-                     f"| {fmt(r['clamped_frac'], 4)} | {r['regime']} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} "
-                     f"| {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |")
-    tests = significance(rows, comparisons(suite))
-    if tests:
-        lines += ["", "Welch t-tests of the final reward, Holm-Bonferroni corrected over the comparisons of this table:", "",
-                  "| comparison | reward difference | p (Welch) | p (Holm-Bonferroni) |", "|---|---|---|---|"]
-        lines += [f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in tests]
-    by = {r["config"]: r for r in rows}
-    if suite == "lr":  # one row per variant, one column per rate, and the rate that ends highest
-        rates = sorted({rate for v in LR_SWEEP.values() for rate in v})
-        lines += ["", f"Final held-out reward per learning rate (the starting policy: {start:.3f}):", "",
-                  "| variant | " + " | ".join(f"lr {r:g}" for r in rates) + " | best |", "|---" * (len(rates) + 2) + "|"]
-        for name in dict.fromkeys(r["config"].rsplit(" lr ", 1)[0] for r in rows):
-            cells = {rate: by.get(f"{name} lr {rate:g}") for rate in rates}
-            best = max((r for r in cells.values() if r), key=lambda r: r["reward"][0])
-            lines.append(f"| {name} | " + " | ".join(fmt(r["reward"]) if r else "" for r in cells.values())
-                         + f" | {best['config'].rsplit(' lr ', 1)[1]} |")
+            f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args")}) + "\n")
+    lines = [f"# {suite}", "", provenance_line(rows), "", *([extra, ""] if extra else [])]
+    if suite == "sweep":
+        lines += sweep_tables(rows)
+    elif suite == "instances":
+        more, plotted = instance_tables(rows, list(main_rows))
+        lines += more + [""] + long_table(rows)
+    else:
+        lines += long_table(rows) + tests_table(significance(rows, comparisons(suite))) + time_ratios(rows)
+    if suite == "main":
+        lines += ["", "The settings of each variant, from its runs' args.json (the README's setup table):", ""] + setup_table(rows)
+        with open(os.path.join(results, "setup.md"), "w") as f:
+            f.write("\n".join(setup_table(rows)) + "\n")
     if suite == "ablations":  # the data probe trains for 80 steps: every row (and the main DPO rows) at step 80
-        main_rows = [r for r in summarize(results, "main", suites(results)["main"]) if r["config"].startswith("dpo")]
         lines += ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", "",
                   "| configuration | seeds | reward at step 80 |", "|---|---|---|"]
-        for r in main_rows + rows:
+        for r in [r for r in list(main_rows) if r["config"].startswith("dpo")] + rows:
             at = [v for c in r["curves"] for s, v, _ in c if s == 80]
             if at:
-                lines.append(f"| {r['config']}{' (main)' if r in main_rows else ''} | {len(at)} | {fmt(mean_se(at))} |")
-    ratios = [(by[f"{algo} {slow}"], by[f"{algo} {fast}"]) for algo in ("dpo", "kto", "grpo")
-              for slow, fast in (("online", "offline+humanline"), ("offline+humanline", "offline"))
-              if f"{algo} {slow}" in by and f"{algo} {fast}" in by]
-    ratios += [(by[slow], by[fast]) for slow, fast in (("grpo online (sample every step)", "grpo off-policy+humanline k=16"),)
-               if slow in by and fast in by]
-    if ratios:
-        lines += ["", "| time ratio (medians over seeds) | wall | CPU | training loop |", "|---|---|---|---|"]
-    for slow, fast in ratios:  # medians: a seed run on a busier machine moves a mean
-        cpu = np.nanmedian(slow["cpus"]) / np.nanmedian(fast["cpus"]) if not np.isnan(slow["cpu"][0] + fast["cpu"][0]) else math.nan
-        lines.append(f"| {slow['config']} / {fast['config']} | {np.median(slow['walls']) / np.median(fast['walls']):.2f} "
-                     f"| {'–' if math.isnan(cpu) else f'{cpu:.2f}'} | {np.median(slow['loops']) / np.median(fast['loops']):.2f} |")
+                lines.append(f"| {r['config']}{' (main, its own rate)' if r in main_rows else ''} | {len(at)} | {fmt(mean_se(at))} |")
     with open(os.path.join(results, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    plot(results, suite, rows, start)
     print("\n".join(lines))
+    plot(results, suite, plotted if suite == "instances" else rows, start)
+    return rows
 
+
+
+# ---- plots --------------------------------------------------------------------------------------------------------------
 
 def mean_curve(series):
     """Mean and standard error over seeds of per-step (step, value) series; seeds of unequal length are left out."""
@@ -401,8 +618,9 @@ def smooth(values, width=9):
 
 
 def plot(results, suite, rows, start=None):
-    """`<suite>.png`: held-out reward against steps (one panel per algorithm in `main`), or final reward per
-    configuration as bars (ablations, quality); `<suite>_diagnostics.png`: the humanline diagnostics over training."""
+    """`<suite>.png`. sweep: reward, margin and clamped fraction against the learning rate (the mechanism); main,
+    instances, offpolicy: one row of panels per group sharing the step axis, the held-out reward (evaluated every 10
+    steps) and then the training diagnostics; ablations, quality: the final reward per configuration as bars."""
     try:
         import matplotlib
 
@@ -411,109 +629,157 @@ def plot(results, suite, rows, start=None):
     except ImportError:
         print("(matplotlib is not installed: no plots; `pip install -r experiments/requirements.txt` for them)")
         return
-    if not rows:
-        return
-    groups = {}
-    for r in rows:
-        groups.setdefault(r["config"].split()[0] if suite == "main" else suite, []).append(r)
-    if suite in ("main", "offpolicy"):
-        fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
-        for ax, (group, members) in zip(axes[0], groups.items()):
+    if suite == "sweep":
+        fig, axes = plt.subplots(3, 3, figsize=(13, 10), squeeze=False)
+        for row_axes, algo in zip(axes, ("dpo", "kto", "grpo")):
+            for cell in (f"{algo} offline", f"{algo} offline+humanline"):
+                members = [r for r in rows if r["config"].rsplit(" lr ", 1)[0] == cell]
+                if not members:
+                    continue
+                x = [rate_of(r["flags"]) for r in members]
+                spread = "margin" if algo != "grpo" else "abs_log_ratio"
+                for ax, key, label in zip(row_axes, ("reward", spread, "clamped_frac"),
+                                          ("validation reward", "mean margin" if algo != "grpo" else "mean |log-ratio|", "clamped fraction")):
+                    ax.errorbar(x, [r[key][0] for r in members], yerr=[0 if math.isnan(r[key][1]) else r[key][1] for r in members],
+                                marker="o", capsize=3, label=cell)
+                    ax.set_xscale("log")
+                    ax.set_title(f"{algo}: {label}", fontsize=9)
+                    ax.set_xlabel("learning rate", fontsize=8)
+            row_axes[0].legend(fontsize=7)
+        fig.suptitle("offline vs offline+humanline against the learning rate (3 seeds each; margins and clamped fraction "
+                     "averaged over training)", fontsize=10)
+    elif suite in ("main", "instances", "offpolicy"):
+        groups = {}
+        for r in rows:
+            key = {"main": r["config"].split()[0], "offpolicy": "off-policy GRPO"}.get(suite) or \
+                r["config"].split(": ")[0] + ": " + r["config"].split(": ")[1].split()[0]
+            groups.setdefault(key, []).append(r)
+        keys = [k for k in DIAGNOSTICS if any(t[k] for r in rows for t in r["train"])]
+        fig, axes = plt.subplots(len(groups), 1 + len(keys), figsize=(3.8 * (1 + len(keys)), 3.0 * len(groups)),
+                                 squeeze=False, sharex=True)
+        for row_axes, (group, members) in zip(axes, groups.items()):
             for r in members:
                 steps, mean, se = mean_curve([[(s, v) for s, v, _ in c] for c in r["curves"]])
-                ax.plot(steps, mean, marker="o", ms=3, label=f"{r['config']} (n={r['seeds']})")
-                ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
-            if start is not None:
-                ax.axhline(start, color="gray", ls="--", lw=1, label="starting policy")
-            ax.set_xlabel("optimizer step")
-            ax.set_ylabel("held-out reward (greedy)")
-            ax.set_title(group if suite == "main" else "off-policy GRPO")
-            ax.legend(fontsize=7)
+                line, = row_axes[0].plot(steps, mean, marker="o", ms=2.5, label=f"{r['config'].split(': ')[-1]} (n={r['seeds']})")
+                row_axes[0].fill_between(steps, mean - se, mean + se, alpha=0.2, color=line.get_color())
+                for ax, key in zip(row_axes[1:], keys):
+                    series = [t[key] for t in r["train"] if t[key]]
+                    if series:
+                        s, m, _ = mean_curve(series)
+                        ax.plot(s, smooth(m), lw=1.2, color=line.get_color())
+            if start is not None and suite != "instances":
+                row_axes[0].axhline(start, color="gray", ls="--", lw=1, label="starting policy")
+            row_axes[0].set_title(f"{group}: held-out reward", fontsize=9)
+            row_axes[0].legend(fontsize=6)
+            for ax, key in zip(row_axes[1:], keys):
+                ax.set_title(f"{group}: {DIAGNOSTICS[key]}", fontsize=9)
+        for ax in axes[-1]:
+            ax.set_xlabel("optimizer step", fontsize=8)
+        fig.suptitle("held-out reward (mean ± s.e. over seeds) and training diagnostics (mean over seeds, running mean of 9 "
+                     "steps) on one step axis", fontsize=10)
     else:
         fig, ax = plt.subplots(figsize=(10, 0.38 * len(rows) + 1.2))
         ax.barh(range(len(rows)), [r["reward"][0] for r in rows],
                 xerr=[0 if math.isnan(r["reward"][1]) else r["reward"][1] for r in rows], color="tab:blue", alpha=0.7)
         ax.set_yticks(range(len(rows)), [f"{r['config']} (n={r['seeds']})" for r in rows], fontsize=7)
         ax.invert_yaxis()
-        lo = min(r["reward"][0] for r in rows)
+        lo = min([r["reward"][0] for r in rows] + ([start] if start is not None else []))
         if start is not None:
             ax.axvline(start, color="gray", ls="--", lw=1, label="starting policy")
             ax.legend(fontsize=7)
-            lo = min(lo, start)
         ax.set_xlim(max(0.0, lo - 0.1), 1.0)
         ax.set_xlabel("final held-out reward (greedy), mean ± s.e.")
         ax.set_title(f"toy task: {suite}")
     fig.tight_layout()
-    fig.savefig(os.path.join(results, f"{suite}.png"), dpi=110, bbox_inches="tight")
+    fig.savefig(os.path.join(results, f"{suite}.png"), dpi=100, bbox_inches="tight")
     plt.close(fig)
 
-    present = {g: [k for k in DIAGNOSTICS if any(t[k] for r in members for t in r["train"])] for g, members in groups.items()}
-    width = max(len(keys) for keys in present.values())
-    fig, axes = plt.subplots(len(groups), width, figsize=(3.6 * width, 3.0 * len(groups)), squeeze=False)
-    for row_axes, (group, members) in zip(axes, groups.items()):
-        for ax in row_axes[len(present[group]):]:
-            ax.axis("off")
-        for ax, key in zip(row_axes, present[group]):
-            ax.set_prop_cycle(color=plt.cm.tab10.colors if len(members) <= 10 else plt.cm.tab20.colors)
-            for r in members:
-                series = [t[key] for t in r["train"] if t[key]]
-                if series:
-                    steps, mean, _ = mean_curve(series)
-                    ax.plot(steps, smooth(mean), label=r["config"], lw=1.2)
-            ax.set_title(f"{group}: {DIAGNOSTICS[key]}" if suite == "main" else DIAGNOSTICS[key], fontsize=9)
-            ax.set_xlabel("optimizer step", fontsize=8)
-        row_axes[0].legend(fontsize=6)
-    fig.suptitle("humanline diagnostics over training (mean over seeds, running mean of 9 steps)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(os.path.join(results, f"{suite}_diagnostics.png"), dpi=100)
-    plt.close(fig)
+
+# ---- the runner ---------------------------------------------------------------------------------------------------------
+
+def quick_suites(results):
+    """--quick: for 2 steps on a tiny batch, one run of each configuration that takes another code path (`shape`), and
+    in each suite at least one per script, so that every table is made. Rates are the paper's."""
+    quick = ["--max_steps", "2", "--batch_size", "4", "--micro_batch_size", "4", "--num_eval_prompts", "8", "--round_size", "8",
+             "--eval_every", "0"]
+    full, seen = suites(results, {cell: paper_lr(cell) for cell, _, _ in CELLS}), set()
+    out = {}
+    for suite in ("main", "sweep", "instances", "offpolicy", "ablations", "quality"):  # main first: the sweep adds no new path
+        out[suite], scripts = [], set()
+        for name, script, flags, seeds in full[suite]:
+            if shape(script, flags) not in seen or script not in scripts:
+                seen.add(shape(script, flags))
+                scripts.add(script)
+                out[suite].append((name, script, strip(flags, "--max_steps") + quick + (["--num_generations", "4"] if script.startswith("grpo") else []), seeds[:1]))
+    return {suite: out[suite] for suite in full}
+
+
+DATA_FLAGS = ("--model_name_or_path", "--dataset", "--eval_prompts")  # which files: the same code reads them all
+
+
+def shape(script, flags):
+    """What decides a run's code path: the script, its flags and their values, except numbers and which files it reads."""
+    def kind(value):
+        try:
+            return float(value) is not None and "number"
+        except ValueError:
+            return value
+    return script, tuple(sorted((f, kind(v) if not v.startswith("--") else None)
+                                for f, v in zip(flags, flags[1:] + ["--"]) if f.startswith("--") and f not in DATA_FLAGS))
+
+
+def strip(flags, name):
+    if name in flags:
+        i = flags.index(name)
+        return flags[:i] + flags[i + 2:]
+    return flags
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default="all", choices=["all", "main", "offpolicy", "ablations", "quality", "timing", "lr"],
-                        help="timing: every main and off-policy variant once, one run at a time (for the time ratios); "
-                             "lr: the learning-rate sweep behind the scripts' defaults")
+    names = ["sweep", "main", "instances", "offpolicy", "ablations", "quality"]
+    parser.add_argument("--suite", default="all", choices=["all"] + names)
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each uses one CPU thread)")
-    parser.add_argument("--seeds", type=int, default=0, help="override the number of seeds (0: the suite's)")
     parser.add_argument("--quick", action="store_true", help="every configuration, one seed, 2 steps")
     parser.add_argument("--report", action="store_true", help="only summarise finished runs")
     parser.add_argument("--only", default="", help="only configurations whose name contains this text")
+    parser.add_argument("--mix_code", action="store_true", help="allow a table to hold runs of different versions of the code")
     parser.add_argument("--results", default=RESULTS, help="results directory (--quick: a `quick` folder in it)")
     args = parser.parse_args()
     results = os.path.join(args.results, "quick") if args.quick else args.results
-    all_suites = suites(results)
-    if args.quick:  # one seed, two steps (timing and lr repeat main's and offpolicy's configurations: left out)
-        all_suites = {k: [(n, s, strip(f, "--max_steps") + ["--max_steps", "2"], 1) for n, s, f, _ in v]
-                      for k, v in all_suites.items() if k not in ("timing", "lr")}
-        if args.suite in ("timing", "lr"):
-            parser.error(f"--quick runs {args.suite}'s configurations in main and offpolicy")
-    chosen = list(all_suites) if args.suite == "all" else [args.suite]
-    ranges = make_quartiles(results) if "quality" in chosen else None
-    done = 0
-    for suite in chosen if not args.report else []:
-        jobs = []
-        for name, script, flags, seeds in all_suites[suite]:
-            if args.only not in name:
-                continue
-            for seed in range(args.seeds or seeds):
-                out = run_dir(results, suite, name, seed)
-                if args.quick or not finished(out, max_steps_of(flags)):
-                    jobs.append((script, flags, seed, out))
-        print(f"{suite}: {len(jobs)} runs to do", flush=True)
-        with ThreadPoolExecutor(1 if suite == "timing" else args.jobs) as pool:  # timing: alone on the machine
-            for i, _ in enumerate(pool.map(lambda j: launch(*j, quick=args.quick), jobs)):
-                print(f"  {suite}: {i + 1}/{len(jobs)} done", flush=True)
-        done += len(jobs)
-    if args.quick:
-        print(f"quick: {done} configurations ran")
-    start = starting_reward()
-    for suite in chosen:
+    os.makedirs(results, exist_ok=True)
+    chosen = {}
+    for suite in names if args.suite == "all" else [args.suite]:
+        if not args.report:
+            chosen = choose_rates(results) if not args.quick else chosen
+            configs = (quick_suites(results) if args.quick else suites(results, chosen))[suite]
+            if suite == "quality":
+                make_quartiles(results)
+            if suite == "instances" and configs:
+                ensure_instances(results, configs)
+            runs = load_runs(results, suite)
+            jobs = [(name, script, flags, seed) for name, script, flags, seeds in configs if args.only in name
+                    for seed in seeds if not finished(runs.get(run_key(name, seed)), max_steps_of(flags))]
+            print(f"{suite}: {len(jobs)} runs to do" + ("" if args.quick or len(chosen) == len(CELLS) else
+                  f" ({len(CELLS) - len(chosen)} variants have no chosen learning rate yet)"), flush=True)
+            with ThreadPoolExecutor(args.jobs) as pool:
+                for i, _ in enumerate(pool.map(lambda j: launch(results, suite, *j), jobs)):
+                    print(f"  {suite}: {i + 1}/{len(jobs)} done", flush=True)
+                    if (i + 1) % 10 == 0:  # nothing finished is lost for long; the archive is what gets committed
+                        pack(results, suite)
+            pack(results, suite)
+    chosen = choose_rates(results) if not args.quick else {cell: paper_lr(cell) for cell, _, _ in CELLS}
+    all_configs = quick_suites(results) if args.quick else suites(results, chosen)
+    main_rows = summarize(load_runs(results, "main"), all_configs["main"])
+    for suite in names if args.suite == "all" else [args.suite]:
         extra = ""
-        if suite == "quality" and ranges:
+        if suite == "quality" and all_configs["quality"]:
             extra = "Data-quality proxy ranges (mean token log-prob under the starting policy), quartiles 1-4: " + ", ".join(
-                f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in ranges) + "\n"
-        report(results, suite, all_suites[suite], extra, start)
+                f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in make_quartiles(results))
+        if suite in ("main", "instances", "offpolicy", "ablations", "quality") and not args.quick:
+            extra = (extra + "\n\n" if extra else "") + "Learning rates chosen on the validation prompts (the sweep): " + (
+                ", ".join(f"{c} {r:g}" for c, r in chosen.items()) or "none yet") + "."
+        report(results, suite, all_configs[suite], main_rows, args.mix_code, extra)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The reproduction runner: Holm-Bonferroni, the summary statistics, and --quick over every configuration."""
+"""The reproduction runner: its statistics against independent formulas, the choice of learning rates, the archives,
+the refusal to mix code versions, and --quick over every configuration."""
 
 import json
 import math
@@ -6,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -20,63 +22,148 @@ def test_holm_by_hand():
     assert list(run.holm([0.5, 0.9])) == pytest.approx([1.0, 1.0])  # capped at 1
 
 
-def fake_run(out, rewards_by_step, wall=10.0, clamped=0.0, cpu=None):
+@pytest.mark.parametrize("a, b", [([0.851, 0.853, 0.849], [0.850, 0.852, 0.848, 0.851, 0.850]),  # equivalent
+                                  ([0.80, 0.83, 0.78], [0.85, 0.86, 0.84]),  # different
+                                  ([0.845, 0.86, 0.83, 0.85, 0.84], [0.843, 0.87, 0.82, 0.85, 0.845])])  # noisy
+def test_tost_is_two_shifted_one_sided_welch_tests(a, b):
+    # independently: mean(a) - mean(b) > -m is Welch's one-sided test of a + m against b, and < m of a - m against b
+    m = 0.01
+    lower = stats.ttest_ind(np.add(a, m), b, equal_var=False, alternative="greater").pvalue
+    upper = stats.ttest_ind(np.subtract(a, m), b, equal_var=False, alternative="less").pvalue
+    assert run.tost(a, b, m) == pytest.approx(max(lower, upper), rel=1e-9)
+
+
+def test_tost_decides_both_ways():
+    assert run.tost([0.851, 0.853, 0.849], [0.850, 0.852, 0.848], 0.01) < 0.01  # tight and close: equivalent
+    assert run.tost([0.80, 0.83, 0.78], [0.85, 0.86, 0.84], 0.01) > 0.5  # far apart: not equivalent
+    assert run.tost([0.5] * 3, [0.5] * 3, 0.01) == 0.0 and run.tost([0.5] * 3, [0.6] * 3, 0.01) == 1.0  # no spread
+
+
+def fake_run(results, suite, name, seed, rewards_by_step, wall=10.0, cpu=None, code="abc", clamped=0.0, margin=1.0, lr=None):
+    out = os.path.join(results, "runs", suite, run.run_key(name, seed))
     os.makedirs(out)
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         for step, reward in rewards_by_step:
-            f.write(json.dumps({"step": step, "loss": 0.5, "perf/step_seconds": wall / 100, "humanline/clamped_frac": clamped, "rewards/margins": 1.0,
-                                "eval/reward": reward, "eval/accuracy": reward / 2}) + "\n")
+            f.write(json.dumps({"step": step, "loss": 0.5, "perf/step_seconds": wall / 100, "humanline/clamped_frac": clamped,
+                                "rewards/margins": margin, "eval/reward": reward, "eval/accuracy": reward / 2}) + "\n")
+    with open(os.path.join(out, "args.json"), "w") as f:
+        json.dump({"seed": seed, "learning_rate": lr, "batch_size": 32, "beta": 0.1, "provenance": {"code": code, "commit": "0123456789ab",
+                   "dirty": False, "torch": "2.13.0", "transformers": "5.23.0"}}, f)
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{wall}\n")
-    if cpu is not None:
-        with open(os.path.join(out, "cpu_seconds"), "w") as f:
-            f.write(f"{cpu}\n")
+    with open(os.path.join(out, "cpu_seconds"), "w") as f:
+        f.write(f"{wall if cpu is None else cpu}\n")
+
+
+def dpo_main(results):
+    chosen = {cell: run.paper_lr(cell) for cell, _, _ in run.CELLS}
+    return [c for c in run.suites(results, chosen)["main"] if c[0].startswith("dpo")]
 
 
 def test_summary_and_significance_on_known_runs(tmp_path):
     results = str(tmp_path)
-    configs = [c for c in run.suites(results)["main"] if c[0].startswith("dpo")]
+    configs = dpo_main(results)
     finals = {"dpo offline": [0.50, 0.52, 0.48, 0.51, 0.49], "dpo offline+humanline": [0.60, 0.62, 0.58, 0.61, 0.64],
-              "dpo online": [0.70, 0.69, 0.72, 0.71, 0.66], "dpo online+humanline": [0.7] * 5}
+              "dpo online": [0.70, 0.69, 0.72, 0.71, 0.66], "dpo online+humanline": [0.701, 0.699, 0.7, 0.7, 0.7]}
     for name, _, flags, seeds in configs:
-        for seed in range(seeds):
-            fake_run(run.run_dir(results, "main", name, seed), [(60, 0.4), (120, finals[name][seed])],
-                     wall=100.0 if "online" in name else 20.0)
-    rows = {r["config"]: r for r in run.summarize(results, "main", configs)}
+        for seed in seeds:
+            fake_run(results, "main", name, seed, [(0, 0.4), (120, finals[name][seed])], wall=100.0 if "online" in name else 20.0)
+    rows = {r["config"]: r for r in run.summarize(run.load_runs(results, "main"), configs)}
     off = rows["dpo offline"]
-    assert off["seeds"] == 5
-    assert off["reward"][0] == pytest.approx(0.5)
+    assert off["seeds"] == 5 and off["reward"][0] == pytest.approx(0.5)
     assert off["reward"][1] == pytest.approx(stats.sem(finals["dpo offline"]))
     tests = {t["comparison"]: t for t in run.significance(list(rows.values()), run.comparisons("main"))}
-    assert len(tests) == 2  # KTO and GRPO have no runs here
-    p_off = stats.ttest_ind(finals["dpo offline+humanline"], finals["dpo offline"], equal_var=False).pvalue
-    p_on = stats.ttest_ind(finals["dpo offline+humanline"], finals["dpo online"], equal_var=False).pvalue
-    assert tests["dpo offline+humanline vs dpo offline"]["p"] == pytest.approx(p_off)
-    assert tests["dpo offline+humanline vs dpo online"]["p"] == pytest.approx(p_on)
-    low, high = sorted([p_off, p_on])  # Holm with two tests: the smaller p doubled, the larger kept (monotone)
-    holm_low, holm_high = min(1.0, 2 * low), max(min(1.0, 2 * low), high)
-    assert sorted(t["p_holm"] for t in tests.values()) == pytest.approx([holm_low, holm_high])
+    assert len(tests) == 3  # KTO and GRPO have no runs here
+    p = {k: stats.ttest_ind(finals[a], finals[b], equal_var=False).pvalue for k, (a, b) in
+         {"off": ("dpo offline+humanline", "dpo offline"), "on": ("dpo offline+humanline", "dpo online"),
+          "hl": ("dpo online+humanline", "dpo online")}.items()}
+    assert tests["dpo offline+humanline vs dpo offline"]["p"] == pytest.approx(p["off"])
+    ordered = sorted(p.values())  # Holm with three tests: x3, x2, x1, made monotone
+    holm = np.maximum.accumulate([min(1, 3 * ordered[0]), min(1, 2 * ordered[1]), ordered[2]])
+    assert sorted(t["p_holm"] for t in tests.values()) == pytest.approx(list(holm))
+    assert tests["dpo offline+humanline vs dpo offline"]["verdict"] == "higher"
+    assert tests["dpo offline+humanline vs dpo online"]["verdict"] == "lower"
+    hl = tests["dpo online+humanline vs dpo online"]
+    assert hl["verdict"] == ("equivalent (within ±0.01)" if hl["p_tost_holm"] < 0.05 else "not decided") and hl["p_holm"] > 0.05
     run.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
-    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 |" in table
-    assert "| dpo online / dpo offline+humanline | 5.00 | – | 5.00 |" in table  # no CPU times were recorded
-    assert "| dpo offline | 5 | 0.500 ± 0.007 | 0.250 ± 0.004 | 20 ± 0 | – | 0 ± 0 | 0.0000 ± 0.0000 | no clamp |" in table
-    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.305 ± 0.005 | 20 ± 0 | – | 0 ± 0 | 0.0000 ± 0.0000 | clamp idle |" in table
+    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.305 ± 0.005 | 5e-06 | 20 ± 0 | 20 ± 0 |" in table
+    assert "| dpo online / dpo offline+humanline | 5.00 | 5.00 | 5.00 |" in table
+    assert "5 runs of code abc" not in table and "20 runs of code abc (commit 0123456789)" in table
+    setup = open(os.path.join(results, "setup.md")).read()
+    assert "| variant | learning_rate | batch_size | beta |" in setup and "| dpo offline | – | 32 | 0.1 |" in setup
 
 
-def test_time_ratios_use_medians_and_cpu_time(tmp_path):
+def test_time_ratios_use_medians_of_cpu_time(tmp_path):
     results = str(tmp_path)
-    configs = [c for c in run.suites(results)["main"] if c[0] in ("kto offline", "kto offline+humanline", "kto online")]
-    walls = {"kto offline": [10, 10, 12, 10, 10], "kto offline+humanline": [20, 30, 20, 20, 90], "kto online": [60, 60, 60, 200, 61]}
+    configs = [c for c in dpo_main(results) if c[0] in ("dpo offline", "dpo offline+humanline", "dpo online")]
+    walls = {"dpo offline": [10, 10, 12, 10, 10], "dpo offline+humanline": [20, 30, 20, 20, 90], "dpo online": [60, 60, 60, 200, 61]}
     for name, _, flags, seeds in configs:
-        for seed in range(seeds):
-            fake_run(run.run_dir(results, "main", name, seed), [(120, 0.5 + 0.01 * seed)], wall=walls[name][seed],
-                     cpu=walls[name][seed] / 2 if seed else None)  # seed 0 ran before CPU times were kept
+        for seed in seeds:
+            fake_run(results, "main", name, seed, [(120, 0.5 + 0.01 * seed)], wall=walls[name][seed], cpu=walls[name][seed] / 2)
     run.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
-    # medians: online 60 / 20 = 3.0 wall; CPU from seeds 1-4 only: median(30, 30, 100, 30.5) = 30.25 / median(15, 10, 10, 45) = 12.5
-    assert "| kto online / kto offline+humanline | 3.00 | 2.42 |" in table
-    assert "| kto offline+humanline / kto offline | 2.00 | 2.50 |" in table  # 20 / 10; 12.5 / median(5, 6, 5, 5) = 2.5
+    assert "| dpo online / dpo offline+humanline | 3.00 | 3.00 |" in table  # median 60 / median 20
+    assert "| dpo offline+humanline / dpo offline | 2.00 | 2.00 |" in table
+
+
+def test_a_table_refuses_runs_of_two_code_versions(tmp_path):
+    results = str(tmp_path)
+    configs = dpo_main(results)[:1]
+    for seed in configs[0][3]:
+        fake_run(results, "main", configs[0][0], seed, [(120, 0.5)], code="new" if seed else "old")
+    with pytest.raises(SystemExit, match="2 versions of the code \\(new, old\\)"):
+        run.report(results, "main", configs)
+    run.report(results, "main", configs, mix_code=True)
+    assert "5 runs of code new, old" in open(os.path.join(results, "main.md")).read()
+
+
+def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_is_complete(tmp_path):
+    results = str(tmp_path)
+    sweep = [c for c in run.suites(results, {})["sweep"] if c[0].startswith("dpo offline lr")]
+    assert [run.rate_of(c[2]) for c in sweep] == pytest.approx([1.25e-6, 2.5e-6, 5e-6, 1e-5, 2e-5])  # 0.25x-4x of 5e-6
+    assert all("toy:valid" in c[2] for c in sweep) and all(c[3] == run.SWEEP_SEEDS for c in sweep)
+    means = [0.80, 0.84, 0.85, 0.86, 0.70]  # 1e-5 is best on average, though one seed of 5e-6 is the best single run
+    for (name, _, flags, seeds), mean in zip(sweep, means):
+        for i, seed in enumerate(seeds):
+            fake_run(results, "sweep", name, seed, [(120, mean + (0.02 if mean == 0.85 and i == 0 else 0.0) - (0.01 * (i == 2) if mean == 0.85 else 0))])
+    assert run.choose_rates(results) == {"dpo offline": 1e-5}
+    os.remove(os.path.join(results, "runs", "sweep", run.run_key(sweep[0][0], sweep[0][3][0]), "cpu_seconds"))  # unfinished
+    assert run.choose_rates(results) == {}
+    main = {c[0]: c for c in run.suites(results, {"dpo offline": 1e-5})["main"]}
+    assert list(main) == ["dpo offline"] and run.rate_of(main["dpo offline"][2]) == 1e-5 and "toy:valid" not in main["dpo offline"][2]
+
+
+def test_the_archive_holds_every_finished_run_byte_stably(tmp_path):
+    results = str(tmp_path)
+    configs = dpo_main(results)[:2]
+    for name, _, _, seeds in configs:
+        for seed in seeds[:3]:
+            fake_run(results, "main", name, seed, [(0, 0.4), (120, 0.5 + seed / 100)])
+    before = run.load_runs(results, "main")
+    run.pack(results, "main")
+    assert not os.listdir(os.path.join(results, "runs", "main"))  # folders removed once packed
+    first = open(os.path.join(results, "main.tar.gz"), "rb").read()
+    assert run.load_runs(results, "main") == before
+    fake_run(results, "main", configs[0][0], 3, [(120, 0.9)])  # a later run joins the archive
+    run.pack(results, "main")
+    after = run.load_runs(results, "main")
+    assert len(after) == 7 and run.finished(after[run.run_key(configs[0][0], 3)], 120)
+    os.remove(os.path.join(results, "main.tar.gz"))
+    for key, files in after.items():  # the same runs packed again give the same bytes
+        if key != run.run_key(configs[0][0], 3):
+            os.makedirs(os.path.join(results, "runs", "main", key))
+            for name, text in files.items():
+                open(os.path.join(results, "runs", "main", key, name), "w").write(text)
+    run.pack(results, "main")
+    assert open(os.path.join(results, "main.tar.gz"), "rb").read() == first
+
+
+def test_an_unfinished_run_is_redone(tmp_path):
+    results = str(tmp_path)
+    fake_run(results, "main", "dpo offline", 0, [(0, 0.3), (60, 0.4)])  # stopped before its last evaluation
+    run_ = run.load_runs(results, "main")[run.run_key("dpo offline", 0)]
+    assert not run.finished(run_, 120) and run.finished(run_, 60)
 
 
 def test_regime():
@@ -87,11 +174,13 @@ def test_regime():
     assert run.regime(["--sync", "humanline"], 0.02) == "no clamp"
 
 
-def test_an_unfinished_run_is_redone(tmp_path):
-    out = run.run_dir(str(tmp_path), "main", "dpo offline", 0)
-    fake_run(out, [(60, 0.4)])  # stopped before its last evaluation
-    assert not run.finished(out, 120)
-    assert run.finished(out, 60)
+def test_shapes_tell_code_paths_apart():
+    assert run.shape("dpo_humanline.py", ["--humanline", "--sync_every", "2"]) == run.shape("dpo_humanline.py", ["--humanline", "--sync_every", "16"])
+    assert run.shape("dpo_humanline.py", ["--sync", "humanline"]) != run.shape("dpo_humanline.py", ["--sync", "trust_region"])
+    assert run.shape("dpo_humanline.py", ["--beta", "0"]) == run.shape("dpo_humanline.py", ["--beta", "0.1"])
+    assert run.shape("dpo_humanline.py", ["--offline"]) != run.shape("kto_humanline.py", ["--offline"])
+    assert run.shape("dpo_humanline.py", ["--offline", "--eval_prompts", "toy:valid"]) == run.shape("dpo_humanline.py", ["--offline"])
+    assert run.shape("dpo_humanline.py", ["--online"]) != run.shape("dpo_humanline.py", ["--offline"])
 
 
 def test_quick_exercises_every_configuration(tmp_path):
@@ -99,17 +188,18 @@ def test_quick_exercises_every_configuration(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     quick = os.path.join(str(tmp_path), "quick")
-    suites = run.suites(quick)
-    assert [c[:3] for c in suites["timing"]] == [c[:3] for c in suites["main"] + suites["offpolicy"]]
-    for suite, configs in suites.items():
-        if suite in ("timing", "lr"):  # main's configurations again (one at a time; at other rates): not in --quick
-            continue
+    full = {(suite, name): run.shape(script, flags) for suite, configs in run.suites(quick, {c: 1e-6 for c, _, _ in run.CELLS}).items()
+            for name, script, flags, _ in configs}
+    ran = set()
+    for suite, configs in run.quick_suites(quick).items():
         table = open(os.path.join(quick, f"{suite}.md")).read()
-        for name, _, _, _ in configs:
-            out = run.run_dir(quick, suite, name, 0)
-            assert run.finished(out, 2), out
-            assert f"| {name} | 1 |" in table
-            assert sorted(os.listdir(out)) == ["args.json", "cpu_seconds", "metrics.jsonl", "wall_seconds"]  # weights removed
+        runs = run.load_runs(quick, suite)
+        for name, script, flags, seeds in configs:
+            assert run.finished(runs[run.run_key(name, seeds[0])], 2), name
+            assert f"| {name} | 1 |" in table or (suite == "sweep" and f"| {name.rsplit(' lr ', 1)[0]} |" in table)
+            assert sorted(runs[run.run_key(name, seeds[0])]) == ["args.json", "cpu_seconds", "metrics.jsonl", "wall_seconds"]
+            ran.add(full[(suite, name)])
+    assert set(full.values()) <= ran  # every code path of every suite ran
     first = json.loads(open(os.path.join(quick, "main.jsonl")).readline())
-    assert not math.isnan(first["reward"][0])
-    assert 0 < first["cpu"][0] < 10 * first["wall"][0]  # one thread, but torch may start a helper thread or two
+    assert not math.isnan(first["reward"][0]) and 0 < first["cpu"][0] < 10 * first["wall"][0]
+    assert not os.listdir(os.path.join(quick, "runs", "main"))  # all packed into main.tar.gz

@@ -1,6 +1,6 @@
 """Pinned training: a few steps of every mode of the three scripts give the losses and gradient norms recorded in
-tests/pinned.json (written by `python tests/test_pinned.py --record` before the scripts were restructured), so a
-rewrite that changes what any mode computes fails here.
+tests/pinned.json (written by `PYTHONPATH=. python tests/test_pinned.py --record`; last when each run seed got its own
+random streams), so a rewrite that changes what any mode computes fails here.
 
 Two runs per script have bounds tight enough that the humanline clamp (and, in the other, the Beta token
 rejection of `--clip sampling`) acts on more than 1% of the tokens. Their step-3 loss and clamped fraction are
@@ -16,6 +16,7 @@ import runpy
 import signal
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -118,9 +119,11 @@ def seq_logps(model, prompt, completion):
 
 
 def step_batch(items, step, size, seed=0):
-    """The offline batch of a step: each epoch a fixed permutation (seed + epoch), consecutive slices of it."""
+    """The offline batch of a step: each epoch a fixed permutation, consecutive slices of it. The permutation's seed is
+    the data stream's (stream 1) of the run seed's SeedSequence, for this epoch."""
     epoch, pos = divmod(step, len(items) // size)
-    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    epoch_seed = int(np.random.SeedSequence(seed).spawn(2)[1].spawn(epoch + 1)[epoch].generate_state(1)[0])
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(epoch_seed)).tolist()
     return [items[i] for i in order[pos * size: (pos + 1) * size]]
 
 

@@ -310,10 +310,10 @@ def test_bad_rewards_are_dropped_and_counted_dpo(tmp_path, toy):
 
 def test_bad_rewards_drop_their_group_grpo(tmp_path, toy):
     """GRPO's groups of 4: a group with a bad reward is left out whole; a faulty function beside a good one."""
-    run_here("grpo_humanline.py", [*ONLINE["grpo_humanline.py"], "--max_steps", "2", "--save_every", "0", "--sample_every", "4",
+    run_here("grpo_humanline.py", [*ONLINE["grpo_humanline.py"], "--max_steps", "2", "--save_every", "0", "--sample_every", "16",
                                    "--reward_funcs", "toy_verify,tests.faulty_rewards:flaky"], tmp_path)
     r = rounds(str(tmp_path))[0]
-    assert r["online/bad_rewards"] > 0 and 2 <= r["online/groups"] < 8  # 8 prompts sampled, groups with a bad reward dropped
+    assert r["online/bad_rewards"] > 0 and 2 <= r["online/groups"] < 32  # 32 prompts sampled, groups with a bad reward dropped
     assert all(math.isfinite(s["loss"]) for s in steps(str(tmp_path)).values())
 
 
@@ -619,3 +619,34 @@ def test_resume_keeps_the_metrics_up_to_its_step_and_drops_a_line_cut_short(scri
     with MODULES[script].open_metrics(path, 0):  # a new run starts afresh
         pass
     assert records(str(tmp_path)) == [] and os.listdir(tmp_path) == ["metrics.jsonl"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_seed_has_its_own_random_streams(script):
+    """Data order, prompt order, sampling and shuffling draw from numpy SeedSequence(seed) children: seed 1 replays
+    none of seed 0's streams (with seed + epoch it replayed them one epoch later)."""
+    m = MODULES[script]
+    seeds = {(seed, stream, i): m.stream_seed(seed, stream, i) for seed in range(4) for stream in m.STREAMS for i in range(4)}
+    assert len(set(seeds.values())) == len(seeds)  # all distinct
+    examples = list(range(64))
+    for epoch in range(3):  # seed 1's epoch e is none of seed 0's epochs
+        assert all(m.offline_batch(examples, 8 * epoch, 64, 1) != m.offline_batch(examples, 8 * e, 64, 0) for e in range(4))
+    assert m.round_prompts(64, 64, 0, 1) != m.round_prompts(64, 64, 1, 0)
+    import numpy as np  # the documented recipe: child `stream` of SeedSequence(seed), its grandchild `index`
+    child = np.random.SeedSequence(3).spawn(len(m.STREAMS))[m.STREAMS.index("sampling")]
+    assert m.stream_seed(3, "sampling", 2) == int(child.spawn(3)[2].generate_state(1)[0])
+
+
+def test_args_json_records_the_code_that_ran(tmp_path, toy):
+    import hashlib
+
+    import transformers
+
+    run_here("dpo_humanline.py", ["--max_steps", "1", "--save_every", "0"], tmp_path)
+    record = json.load(open(tmp_path / "args.json"))["provenance"]
+    files = [f"{a}_humanline.py" for a in ("dpo", "kto", "grpo")] + ["humanline_sampling.py", "math_rewards.py", "toy_task.py", "toy/SHA256SUMS"]
+    digest = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in files)).hexdigest()[:16]
+    assert record["code"] == digest and record["torch"] == torch.__version__ and record["transformers"] == transformers.__version__
+    git = lambda *a: subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    if git("rev-parse", "HEAD"):  # a git checkout (not an unpacked archive)
+        assert record["commit"] == git("rev-parse", "HEAD") and record["dirty"] == bool(git("status", "--porcelain", "--", *files))

@@ -109,7 +109,9 @@ def test_round_trip_through_from_pretrained_and_load_dataset(toy):
     prompts = datasets.load_dataset("json", data_files=toy.prompts_test, split="train")
     assert prompts.column_names == ["prompt", "solution"]
     train = datasets.load_dataset("json", data_files=toy.prompts_train, split="train")
-    assert not set(train["prompt"]) & set(prompts["prompt"])
+    valid = datasets.load_dataset("json", data_files=toy.prompts_valid, split="train")
+    assert len(valid) == 256 and valid.column_names == ["prompt", "solution"]
+    assert not set(train["prompt"]) & set(prompts["prompt"]) and not set(valid["prompt"]) & (set(train["prompt"]) | set(prompts["prompt"]))
     # the loaded policy generates well-formed completions that the scorer can read
     out = toy_task.generate(model, tok, prompts["prompt"][:32], temperature=0.0)
     assert sum(toy_task.reward(prompts["prompt"][:32], out)) / 32 > 0.4
@@ -188,7 +190,7 @@ def test_canonical_instance_is_the_same_on_every_cpu():
     plain, best = probe("default"), probe(None)
     assert plain["capability"] == "DEFAULT"  # the variable took effect: this really is the plain path
     committed = toy_task.read_sums(toy_task.INSTANCE_DIR)
-    assert len(committed) == 11 and "model/model.safetensors" in committed and "offline_weak.jsonl" in committed
+    assert len(committed) == 12 and "model/model.safetensors" in committed and "prompts_valid.jsonl" in committed
     stats = json.load(open(os.path.join(toy_task.INSTANCE_DIR, "stats.json")))
     for run in (plain, best):
         assert run["files"] == committed
