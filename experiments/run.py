@@ -335,6 +335,11 @@ DIAGNOSTICS = {"humanline/clamped_frac": "clamped frac", "rewards/margins": "mar
                "logps/chosen": "logp chosen", "logps/rejected": "logp rejected", "logps": "logp completions"}
 
 
+# the diagnostics panels beside each reward curve: the first metric of each that a run logs
+PANELS = [("clamped", ["humanline/clamped_frac"]), ("spread", ["rewards/margins", "ratio/abs_log"]),
+          ("chosen", ["logps/chosen", "logps"]), ("rejected", ["logps/rejected"])]
+
+
 def clamps(flags):
     return "--humanline" in flags or any(flags[i:i + 2] in (["--clip", "clamp"], ["--clip", "sampling"]) for i in range(len(flags)))
 
@@ -654,16 +659,17 @@ def plot(results, suite, rows, start=None):
             key = {"main": r["config"].split()[0], "offpolicy": "off-policy GRPO"}.get(suite) or \
                 r["config"].split(": ")[0] + ": " + r["config"].split(": ")[1].split()[0]
             groups.setdefault(key, []).append(r)
-        keys = [k for k in DIAGNOSTICS if any(t[k] for r in rows for t in r["train"])]
-        fig, axes = plt.subplots(len(groups), 1 + len(keys), figsize=(3.8 * (1 + len(keys)), 3.0 * len(groups)),
+        fig, axes = plt.subplots(len(groups), 1 + len(PANELS), figsize=(3.8 * (1 + len(PANELS)), 3.0 * len(groups)),
                                  squeeze=False, sharex=True)
         for row_axes, (group, members) in zip(axes, groups.items()):
+            # each panel shows the first of its metrics that this group logs (DPO/KTO a margin, GRPO a |log-ratio|)
+            keys = [next((k for k in options if any(t[k] for r in members for t in r["train"])), None) for _, options in PANELS]
             for r in members:
                 steps, mean, se = mean_curve([[(s, v) for s, v, _ in c] for c in r["curves"]])
                 line, = row_axes[0].plot(steps, mean, marker="o", ms=2.5, label=f"{r['config'].split(': ')[-1]} (n={r['seeds']})")
                 row_axes[0].fill_between(steps, mean - se, mean + se, alpha=0.2, color=line.get_color())
                 for ax, key in zip(row_axes[1:], keys):
-                    series = [t[key] for t in r["train"] if t[key]]
+                    series = [t[key] for t in r["train"] if key and t[key]]
                     if series:
                         s, m, _ = mean_curve(series)
                         ax.plot(s, smooth(m), lw=1.2, color=line.get_color())
@@ -672,7 +678,7 @@ def plot(results, suite, rows, start=None):
             row_axes[0].set_title(f"{group}: held-out reward", fontsize=9)
             row_axes[0].legend(fontsize=6)
             for ax, key in zip(row_axes[1:], keys):
-                ax.set_title(f"{group}: {DIAGNOSTICS[key]}", fontsize=9)
+                ax.set_title(f"{group}: {DIAGNOSTICS[key]}", fontsize=9) if key else ax.axis("off")
         for ax in axes[-1]:
             ax.set_xlabel("optimizer step", fontsize=8)
         fig.suptitle("held-out reward (mean ± s.e. over seeds) and training diagnostics (mean over seeds, running mean of 9 "

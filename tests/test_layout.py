@@ -132,3 +132,13 @@ def test_the_real_command_line_prints_one_line_and_exits_1(files, toy):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"{files / 'no_rejected.jsonl'}: row 0: missing column 'rejected' "
                                                 "(rows need [prompt,] chosen, rejected)"]
+
+
+def test_every_file_the_readme_links_exists():
+    import re
+
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", source("README.md"))
+    local = [link for link in links if not link.startswith(("http://", "https://", "mailto:"))]
+    assert len(local) > 10  # the file table, the results' tables and plots
+    missing = [link for link in local if not os.path.exists(os.path.join(ROOT, link))]
+    assert not missing, f"README links to missing files: {missing}"
