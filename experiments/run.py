@@ -420,10 +420,18 @@ def fmt(pair, digits=3):
     return f"{mean:.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
 
 
-def starting_reward():
-    """The starting policy's held-out (test) greedy reward, measured when the toy task was built."""
-    with open(toy_task.load().stats) as f:
-        return json.load(f)["policy/test_reward"]
+def starting_reward(split="test"):
+    """The starting policy's greedy reward on the toy's test prompts (measured when the task was built) or validation
+    prompts (measured here, the way the scripts evaluate: greedy, the same scorer)."""
+    toy = toy_task.load()
+    if split == "test":
+        with open(toy.stats) as f:
+            return json.load(f)["policy/test_reward"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = [json.loads(line)["prompt"] for line in open(toy.prompts_valid)]
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(toy.model).eval(), AutoTokenizer.from_pretrained(toy.model)
+    return toy_task.accuracy(model, tokenizer, prompts)[1]
 
 
 # ---- tables -------------------------------------------------------------------------------------------------------------
@@ -502,11 +510,12 @@ def setup_table(rows):
     return lines
 
 
-def sweep_tables(rows, start=None):
+def sweep_tables(rows, start):
     by = {r["config"]: r for r in rows}
     chosen = {}
     lines = ["Mean reward on the 256 validation prompts (3 seeds, ± standard error) at each learning rate, as a multiple of "
-             "the paper's rate for that variant (its Table 3); the chosen rate has the highest mean.", "",
+             f"the paper's rate for that variant (its Table 3); the chosen rate has the highest mean. The starting policy "
+             f"scores {start:.3f} on these prompts.", "",
              "| variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen |", "|---" * (len(MULTIPLES) + 3) + "|"]
     for cell, _, _ in CELLS:
         cells = [by.get(f"{cell} lr {m * paper_lr(cell):g}") for m in MULTIPLES]
@@ -516,7 +525,7 @@ def sweep_tables(rows, start=None):
             chosen[cell] = MULTIPLES[best] * paper_lr(cell)
         lines.append(f"| {cell} | {paper_lr(cell):g} | " + " | ".join(
             ("**" + fmt(c["reward"]) + "**" if done and i == best else fmt(c["reward"]) + ("" if c["seeds"] == len(SWEEP_SEEDS) else f" (n={c['seeds']})"))
-            if c else "" for i, c in enumerate(cells)) + f" | {chosen[cell]:g} |" if done else " | not yet |")
+            if c else "" for i, c in enumerate(cells)) + (f" | {chosen[cell]:g} |" if done else " | not yet |"))
     lines += ["", f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
               "variant's chosen rate (validation reward):", "", "| variant | at the shared rate | at its chosen rate |", "|---|---|---|"]
     for cell, _, _ in CELLS:
@@ -579,7 +588,7 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
             f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args")}) + "\n")
     lines = [f"# {suite}", "", provenance_line(rows), "", *([extra, ""] if extra else [])]
     if suite == "sweep":
-        lines += sweep_tables(rows)
+        lines += sweep_tables(rows, starting_reward("valid"))
     elif suite == "instances":
         more, plotted = instance_tables(rows, list(main_rows))
         lines += more + [""] + long_table(rows)

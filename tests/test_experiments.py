@@ -203,3 +203,21 @@ def test_quick_exercises_every_configuration(tmp_path):
     first = json.loads(open(os.path.join(quick, "main.jsonl")).readline())
     assert not math.isnan(first["reward"][0]) and 0 < first["cpu"][0] < 10 * first["wall"][0]
     assert not os.listdir(os.path.join(quick, "runs", "main"))  # all packed into main.tar.gz
+
+
+def test_the_stated_starting_reward_is_the_scripts_step_0_evaluation(tmp_path):
+    import runpy
+    import signal
+    from unittest import mock
+
+    handler = signal.getsignal(signal.SIGTERM)
+    argv = ["dpo_humanline.py", "--max_steps", "1", "--batch_size", "8", "--micro_batch_size", "8", "--eval_every", "1", "--eval_prompts", "toy:valid",
+            "--save_every", "0", "--output_dir", str(tmp_path)]
+    try:
+        with mock.patch.object(sys, "argv", argv):
+            runpy.run_path(os.path.join(ROOT, "dpo_humanline.py"), run_name="__main__")
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    step0 = json.loads(open(tmp_path / "metrics.jsonl").readline())
+    assert step0["step"] == 0 and step0["eval/reward"] == pytest.approx(run.starting_reward("valid"), abs=1e-9)
+    assert run.starting_reward("test") == pytest.approx(0.6883, abs=1e-4) != pytest.approx(step0["eval/reward"], abs=1e-4)
