@@ -494,19 +494,31 @@ def time_ratios(rows):
         for a, b in pairs]  # medians: a seed run on a busier machine moves a mean
 
 
-SETUP_KEYS = ("learning_rate", "max_grad_norm", "batch_size", "beta", "eps", "num_generations", "sync_every",
-              "log_eps_P", "log_eps_R", "round_size", "num_samples", "max_steps")
-
-
 def setup_table(rows):
-    """The settings each variant of `main` ran with, read from its runs' args.json (the README's setup table)."""
-    keys = [k for k in SETUP_KEYS if any(k in a for r in rows for a in r["args"])]
-    lines = ["| variant | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    """What each variant ran with, read from its runs' args.json (the README's setup table): every setting but the
+    learning rate, which the sweep varies and the other tables give per row, then the settings all variants share."""
+    runs = {}
     for r in rows:
-        values = [{json.dumps(a.get(k)) for a in r["args"]} for k in keys]
-        show = lambda v, k: "–" if v == {"null"} or (k in ("round_size", "num_samples") and "offline" in r["config"]) else \
-            ", ".join(sorted(v)).replace('"', "")  # noqa: E731
-        lines.append(f"| {r['config']} | " + " | ".join(show(v, k) for v, k in zip(values, keys)) + " |")
+        runs.setdefault(r["config"].rsplit(" lr ", 1)[0], []).extend(r["args"])
+
+    def value(args, key):  # one value, or all that occur
+        return ", ".join(sorted({json.dumps(a.get(key)).strip('"') for a in args}))
+
+    lines = ["| variant | batch | beta | max grad norm | sync | clamp (log bounds) | GRPO PPO eps | online samples | temperature |",
+             "|---" * 9 + "|"]
+    for cell, args in runs.items():
+        v = lambda key: value(args, key)  # noqa: E731
+        online = v("online") == "true"
+        samples = (f"{v('num_generations')} per prompt, every step" if cell.startswith("grpo") else
+                   f"rounds of {v('round_size')} prompts x {v('num_samples')}, best vs worst")
+        lines.append(f"| {cell} | {v('batch_size')} | {v('beta')} | {v('max_grad_norm')} "
+                     f"| {v('sync') + (', every ' + v('sync_every') + ' step(s)' if v('sync') != 'none' else '')} "
+                     f"| {v('clip') + (' [' + v('log_eps_P') + ', ' + v('log_eps_R') + ']' if v('clip') != 'none' else '')} "
+                     f"| {v('eps') if cell.startswith('grpo') else '–'} | {samples if online else '–'} | {v('temperature') if online else '–'} |")
+    every = [a for args in runs.values() for a in args]
+    lines += ["", f"All variants: {value(every, 'max_steps')} steps, AdamW (eps {value(every, 'adam_eps')}, weight decay "
+              f"{value(every, 'weight_decay')}), warmup {value(every, 'warmup_ratio')} of the steps, reference-free "
+              f"{value(every, 'ref_free')}, at most {value(every, 'max_new_tokens')} new tokens per sample."]
     return lines
 
 
@@ -594,8 +606,9 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
         lines += more + [""] + long_table(rows)
     else:
         lines += long_table(rows) + tests_table(significance(rows, comparisons(suite))) + time_ratios(rows)
-    if suite == "main":
-        lines += ["", "The settings of each variant, from its runs' args.json (the README's setup table):", ""] + setup_table(rows)
+    if suite in ("sweep", "main"):
+        lines += ["", "The settings of each variant, from its runs' args.json:", ""] + setup_table(rows)
+    if suite == "sweep":  # the README's setup table (the other suites change only the learning rate and evaluation)
         with open(os.path.join(results, "setup.md"), "w") as f:
             f.write("\n".join(setup_table(rows)) + "\n")
     if suite == "ablations":  # the data probe trains for 80 steps: every row (and the main DPO rows) at step 80

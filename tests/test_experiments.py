@@ -47,7 +47,10 @@ def fake_run(results, suite, name, seed, rewards_by_step, wall=10.0, cpu=None, c
             f.write(json.dumps({"step": step, "loss": 0.5, "perf/step_seconds": wall / 100, "humanline/clamped_frac": clamped,
                                 "rewards/margins": margin, "eval/reward": reward, "eval/accuracy": reward / 2}) + "\n")
     with open(os.path.join(out, "args.json"), "w") as f:
-        json.dump({"seed": seed, "learning_rate": lr, "batch_size": 32, "beta": 0.1, "provenance": {"code": code, "commit": "0123456789ab",
+        json.dump({"seed": seed, "learning_rate": lr, "batch_size": 32, "beta": 0.1, "max_grad_norm": 1.0, "online": "online" in name,
+                   "sync": "humanline" if "humanline" in name else "none", "sync_every": 1, "clip": "clamp" if "humanline" in name else "none",
+                   "log_eps_P": -1.5, "log_eps_R": 1.5, "round_size": 256, "num_samples": 8, "temperature": 0.7, "max_steps": 120,
+                   "adam_eps": 1e-5, "weight_decay": 0.01, "warmup_ratio": 0.1, "ref_free": "on", "max_new_tokens": 40, "provenance": {"code": code, "commit": "0123456789ab",
                    "dirty": False, "torch": "2.13.0", "transformers": "5.23.0"}}, f)
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{wall}\n")
@@ -90,8 +93,9 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.305 ± 0.005 | 5e-06 | 20 ± 0 | 20 ± 0 |" in table
     assert "| dpo online / dpo offline+humanline | 5.00 | 5.00 | 5.00 |" in table
     assert "5 runs of code abc" not in table and "20 runs of code abc (commit 0123456789)" in table
-    setup = open(os.path.join(results, "setup.md")).read()
-    assert "| variant | learning_rate | batch_size | beta |" in setup and "| dpo offline | – | 32 | 0.1 |" in setup
+    assert "| dpo offline | 32 | 0.1 | 1.0 | none | none | – | – | – |" in table  # the settings, from args.json
+    assert "| dpo online+humanline | 32 | 0.1 | 1.0 | humanline, every 1 step(s) | clamp [-1.5, 1.5] | – | rounds of 256 prompts x 8, best vs worst | 0.7 |" in table
+    assert "All variants: 120 steps, AdamW (eps 1e-05, weight decay 0.01), warmup 0.1 of the steps" in table
 
 
 def test_time_ratios_use_medians_of_cpu_time(tmp_path):
@@ -128,6 +132,11 @@ def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_
         for i, seed in enumerate(seeds):
             fake_run(results, "sweep", name, seed, [(120, mean + (0.02 if mean == 0.85 and i == 0 else 0.0) - (0.01 * (i == 2) if mean == 0.85 else 0))])
     assert run.choose_rates(results) == {"dpo offline": 1e-5}
+    run.report(results, "sweep", sweep)
+    table = open(os.path.join(results, "sweep.md")).read()
+    assert "| dpo offline | 5e-06 | 0.800 ± 0.000 | 0.840 ± 0.000 | 0.853 ± 0.009 | **0.860 ± 0.000** | 0.700 ± 0.000 | 1e-05 |" in table
+    assert "| dpo offline+humanline | 5e-06 |  |  |  |  |  | not yet |" in table
+    assert open(os.path.join(results, "setup.md")).read().startswith("| variant | batch |")
     os.remove(os.path.join(results, "runs", "sweep", run.run_key(sweep[0][0], sweep[0][3][0]), "cpu_seconds"))  # unfinished
     assert run.choose_rates(results) == {}
     main = {c[0]: c for c in run.suites(results, {"dpo offline": 1e-5})["main"]}
