@@ -656,25 +656,31 @@ def plot(results, suite, rows, start=None):
     except ImportError:
         print("(matplotlib is not installed: no plots; `pip install -r experiments/requirements.txt` for them)")
         return
-    if suite == "sweep":
-        fig, axes = plt.subplots(3, 3, figsize=(13, 10), squeeze=False)
-        for row_axes, algo in zip(axes, ("dpo", "kto", "grpo")):
-            for cell in (f"{algo} offline", f"{algo} offline+humanline"):
+    if suite == "sweep":  # the mechanism: the offline pair against the learning rate, online for reference
+        algos = [a for a in ("dpo", "kto", "grpo") if any(r["config"].startswith(f"{a} offline") for r in rows)]
+        fig, axes = plt.subplots(len(algos), 3, figsize=(13, 3.4 * len(algos)), squeeze=False)
+        ticks = {}
+        for row_axes, algo in zip(axes, algos):
+            spread = ("margin", "mean margin") if algo != "grpo" else ("abs_log_ratio", "mean |log-ratio| to the reference")
+            for cell in (f"{algo} offline", f"{algo} offline+humanline", f"{algo} online", f"{algo} online+humanline"):
                 members = [r for r in rows if r["config"].rsplit(" lr ", 1)[0] == cell]
                 if not members:
                     continue
                 x = [rate_of(r["flags"]) for r in members]
-                spread = "margin" if algo != "grpo" else "abs_log_ratio"
-                for ax, key, label in zip(row_axes, ("reward", spread, "clamped_frac"),
-                                          ("validation reward", "mean margin" if algo != "grpo" else "mean |log-ratio|", "clamped fraction")):
+                panels = zip(row_axes, ("reward", spread[0], "clamped_frac"), ("validation reward", spread[1], "clamped fraction"))
+                for ax, key, label in panels if "offline" in cell else list(panels)[:1]:
                     ax.errorbar(x, [r[key][0] for r in members], yerr=[0 if math.isnan(r[key][1]) else r[key][1] for r in members],
-                                marker="o", capsize=3, label=cell)
+                                marker="o", capsize=3, label=cell, ls="-" if "offline" in cell else ":")
                     ax.set_xscale("log")
                     ax.set_title(f"{algo}: {label}", fontsize=9)
                     ax.set_xlabel("learning rate", fontsize=8)
+                    ticks.setdefault(ax, set()).update(x)
             row_axes[0].legend(fontsize=7)
-        fig.suptitle("offline vs offline+humanline against the learning rate (3 seeds each; margins and clamped fraction "
-                     "averaged over training)", fontsize=10)
+        for ax, x in ticks.items():
+            ax.set_xticks(sorted(x), [f"{v:.3g}" for v in sorted(x)], fontsize=7)
+            ax.minorticks_off()
+        fig.suptitle("offline vs offline+humanline against the learning rate (3 seeds each; margin, |log-ratio| and clamped "
+                     "fraction averaged over training; online dotted, for reference)", fontsize=10)
     elif suite in ("main", "instances", "offpolicy"):
         groups = {}
         for r in rows:
