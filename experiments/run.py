@@ -186,9 +186,9 @@ def load_runs(results, suite):
     for config in sorted(os.listdir(live)) if os.path.isdir(live) else []:
         for seed in sorted(os.listdir(os.path.join(live, config))):
             folder = os.path.join(live, config, seed)
-            files = {n: open(os.path.join(folder, n)).read() for n in os.listdir(folder) if n != "log.txt"}
-            if "cpu_seconds" in files:  # the runner writes it last
-                runs[f"{config}/{seed}"] = files
+            if os.path.exists(os.path.join(folder, "cpu_seconds")):  # the runner writes it last: the run is complete
+                runs[f"{config}/{seed}"] = {n: open(os.path.join(folder, n)).read() for n in os.listdir(folder)
+                                            if os.path.isfile(os.path.join(folder, n)) and n != "log.txt"}
     return runs
 
 

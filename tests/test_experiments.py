@@ -173,6 +173,12 @@ def test_an_unfinished_run_is_redone(tmp_path):
     fake_run(results, "main", "dpo offline", 0, [(0, 0.3), (60, 0.4)])  # stopped before its last evaluation
     run_ = run.load_runs(results, "main")[run.run_key("dpo offline", 0)]
     assert not run.finished(run_, 120) and run.finished(run_, 60)
+    killed = os.path.join(results, "runs", "main", run.run_key("dpo online", 0))  # stopped mid-run: a checkpoint, no times
+    os.makedirs(os.path.join(killed, "checkpoint-84"))
+    open(os.path.join(killed, "metrics.jsonl"), "w").write('{"step": 1, "loss": 0.7}\n')
+    assert run.run_key("dpo online", 0) not in run.load_runs(results, "main")
+    run.pack(results, "main")
+    assert os.path.isdir(killed) and list(run.load_runs(results, "main")) == [run.run_key("dpo offline", 0)]
 
 
 def test_regime():
