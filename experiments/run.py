@@ -250,6 +250,25 @@ def launch(results, suite, name, script, flags, seed):
     os.remove(os.path.join(out, "log.txt"))
 
 
+def check_new_seed(results, suite, configs, seed, jobs):
+    """Run each finished configuration of a suite once more, with a seed it has not used (in `new_seed/`, apart from the
+    suite), and say whether the new run lands in its row's range for a new seed."""
+    rows = {r["config"]: r for r in summarize(load_runs(results, suite), configs)}
+    configs = [(name, script, flags, [seed]) for name, script, flags, seeds in configs if name in rows and seed not in seeds]
+    if not configs:
+        raise SystemExit(f"{suite}: no finished configuration to compare with that has not already run seed {seed}")
+    check = os.path.join(results, "new_seed")
+    runs = load_runs(check, suite)
+    todo = [c for c in configs if not finished(runs.get(run_key(c[0], seed)), max_steps_of(c[2]))]
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda c: launch(check, suite, c[0], c[1], c[2], seed), todo))
+    for new in summarize(load_runs(check, suite), configs):
+        row, reward = rows[new["config"]], new["reward"][0]
+        lo, hi = row["new_seed"]
+        print(f"{new['config']}: seed {seed} ends at {reward:.3f}; its {row['seeds']} seeds {fmt(row['reward'])}, a new seed "
+              f"expected in {lo:.3f}-{hi:.3f}: {'inside' if lo <= reward <= hi else 'OUTSIDE'}")
+
+
 def ensure_instances(results, configs):
     for seed in [s for s in INSTANCES if any(name.startswith(f"instance {s}:") for name, *_ in configs)]:
         print(f"toy instance {seed}: {toy_task.build(os.path.join(results, 'instances'), instance_config(results, seed), verbose=False).root}", flush=True)
@@ -263,6 +282,17 @@ def mean_se(values):
     v = np.array(values, dtype=float)
     v = v[~np.isnan(v)] if not np.isnan(v).all() else v
     return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+
+
+def new_seed_range(values, level=0.95):
+    """Where one more seed's result should land, if seeds' results are normal: a prediction interval,
+    mean +- t(n - 1) * sd * sqrt(1 + 1/n). With 5 seeds it is about +-3 sd: wider than their range, which a sixth seed
+    leaves one time in three."""
+    n = len(values)
+    if n < 2:
+        return math.nan, math.nan
+    half = stats.t.ppf((1 + level) / 2, n - 1) * np.std(values, ddof=1) * math.sqrt(1 + 1 / n)
+    return float(np.mean(values) - half), float(np.mean(values) + half)
 
 
 def holm(pvalues):
@@ -386,7 +416,7 @@ def summarize(runs, configs):
 
         clamped = ms("clamped")
         rows.append(dict(config=name, script=script, flags=flags, seeds=len(per_seed), reward=ms("reward"), accuracy=ms("accuracy"),
-                         rewards=[s["reward"] for s in per_seed], accuracies=[s["accuracy"] for s in per_seed],
+                         rewards=[s["reward"] for s in per_seed], new_seed=new_seed_range([s["reward"] for s in per_seed]), accuracies=[s["accuracy"] for s in per_seed],
                          walls=[s["wall"] for s in per_seed], cpus=[s["cpu"] for s in per_seed], loops=[s["loop"] for s in per_seed],
                          wall=ms("wall"), cpu=ms("cpu"), loop=ms("loop"), clamped_frac=clamped, regime=regime(flags, clamped[0]),
                          margin=ms("margin"), abs_log_ratio=ms("abs_log_ratio"), logp_chosen=ms("logp_chosen"),
@@ -458,11 +488,13 @@ def long_table(rows):
              "that clamp; for the others, what [-1.5, 1.5] would have cut), averaged over training; the regime this "
              "puts a run in (clamp active: >= 1% of tokens, rare: 0.1-1%, idle: < 0.1%); the DPO/KTO reward margin "
              "(GRPO: the mean |token log-ratio| to the reference) averaged over training; mean token log-probs of chosen "
-             "and rejected (GRPO: of the trained completions) at the last step.", "",
-             "| configuration | seeds | reward | accuracy | lr | wall s | CPU s | loop s | clamped frac | regime | margin "
-             "| mean abs log-ratio | logp chosen | logp rejected |", "|---" * 14 + "|"]
+             "and rejected (GRPO: of the trained completions) at the last step. `new seed`: where one more seed's reward should "
+             "land (a 95% prediction interval from these seeds).", "",
+             "| configuration | seeds | reward | new seed | accuracy | lr | wall s | CPU s | loop s | clamped frac | regime | margin "
+             "| mean abs log-ratio | logp chosen | logp rejected |", "|---" * 15 + "|"]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {fmt(r['accuracy'])} | {rate_of(r['flags']):g} "
+        lo, hi = r["new_seed"]
+        lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {'–' if math.isnan(lo) else f'{lo:.3f}-{hi:.3f}'} | {fmt(r['accuracy'])} | {rate_of(r['flags']):g} "
                      f"| {fmt(r['wall'], 0)} | {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} | {fmt(r['clamped_frac'], 4)} "
                      f"| {r['regime']} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} | {fmt(r['logp_chosen'])} "
                      f"| {fmt(r['logp_rejected'])} |")
@@ -777,10 +809,17 @@ def main():
     parser.add_argument("--report", action="store_true", help="only summarise finished runs")
     parser.add_argument("--only", default="", help="only configurations whose name contains this text")
     parser.add_argument("--mix_code", action="store_true", help="allow a table to hold runs of different versions of the code")
+    parser.add_argument("--new_seed", type=int, help="with --suite: rerun its finished configurations (those --only picks) "
+                        "with this seed, apart from the suite, and say whether each lands in its row's range for a new seed")
     parser.add_argument("--results", default=RESULTS, help="results directory (--quick: a `quick` folder in it)")
     args = parser.parse_args()
     results = os.path.join(args.results, "quick") if args.quick else args.results
     os.makedirs(results, exist_ok=True)
+    if args.new_seed is not None:
+        if args.suite == "all":
+            parser.error("--new_seed needs --suite")
+        configs = [c for c in suites(results, choose_rates(results))[args.suite] if args.only in c[0]]
+        return check_new_seed(results, args.suite, configs, args.new_seed, args.jobs)
     chosen = {}
     for suite in names if args.suite == "all" else [args.suite]:
         if not args.report:

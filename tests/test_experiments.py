@@ -90,7 +90,7 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     assert hl["verdict"] == ("equivalent (within ±0.01)" if hl["p_tost_holm"] < 0.05 else "not decided") and hl["p_holm"] > 0.05
     run.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
-    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.305 ± 0.005 | 5e-06 | 20 ± 0 | 20 ± 0 |" in table
+    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.542-0.678 | 0.305 ± 0.005 | 5e-06 | 20 ± 0 | 20 ± 0 |" in table
     assert "| dpo online / dpo offline+humanline | 5.00 | 5.00 | 5.00 |" in table
     assert "5 runs of code abc" not in table and "20 runs of code abc (commit 0123456789)" in table
     assert "| dpo offline | 32 | 0.1 | 1.0 | none | none | – | – | – |" in table  # the settings, from args.json
@@ -236,3 +236,36 @@ def test_the_stated_starting_reward_is_the_scripts_step_0_evaluation(tmp_path):
     step0 = json.loads(open(tmp_path / "metrics.jsonl").readline())
     assert step0["step"] == 0 and step0["eval/reward"] == pytest.approx(run.starting_reward("valid"), abs=1e-9)
     assert run.starting_reward("test") == pytest.approx(0.6883, abs=1e-4) != pytest.approx(step0["eval/reward"], abs=1e-4)
+
+
+def test_new_seed_range_by_hand():
+    # [0, 1, 2, 3, 4]: mean 2, sd sqrt(2.5) = 1.581139, t(0.975, 4) = 2.776445, sqrt(1 + 1/5) = 1.095445 -> +-4.80894
+    assert run.new_seed_range([0, 1, 2, 3, 4]) == pytest.approx((2 - 4.80894, 2 + 4.80894), abs=1e-4)
+    lo, hi = run.new_seed_range([0.834, 0.839, 0.834])
+    assert lo < 0.834 and hi > 0.839  # wider than the seeds' own range
+    assert all(math.isnan(v) for v in run.new_seed_range([0.8]))
+
+
+def test_a_new_seed_is_checked_against_its_rows_range(tmp_path, monkeypatch, capsys):
+    results = str(tmp_path)
+    configs = [c for c in dpo_main(results) if c[0] in ("dpo offline", "dpo online")]
+    for name, _, flags, seeds in configs:
+        for seed in seeds:
+            fake_run(results, "main", name, seed, [(0, 0.4), (120, 0.80 + 0.01 * seed)])  # 0.80-0.84: range 0.772-0.868
+    new = {"dpo offline": 0.85, "dpo online": 0.90}
+    launched = []
+
+    def launch(where, suite, name, script, flags, seed):
+        launched.append((name, seed))
+        fake_run(where, suite, name, seed, [(0, 0.4), (120, new[name])])
+
+    monkeypatch.setattr(run, "launch", launch)
+    run.check_new_seed(results, "main", configs, 7, jobs=1)
+    out = capsys.readouterr().out
+    assert sorted(launched) == [("dpo offline", 7), ("dpo online", 7)]
+    assert "dpo offline: seed 7 ends at 0.850" in out and "expected in 0.772-0.868: inside" in out
+    assert "dpo online: seed 7 ends at 0.900" in out and "0.868: OUTSIDE" in out
+    run.check_new_seed(results, "main", configs, 7, jobs=1)  # finished: not run again
+    assert len(launched) == 2
+    with pytest.raises(SystemExit, match="already run seed 3"):
+        run.check_new_seed(results, "main", configs, 3, jobs=1)
