@@ -142,3 +142,19 @@ def test_every_file_the_readme_links_exists():
     assert len(local) > 10  # the file table, the results' tables and plots
     missing = [link for link in local if not os.path.exists(os.path.join(ROOT, link))]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def test_the_readme_setup_is_the_one_the_runs_recorded():
+    setup = open(os.path.join(ROOT, "experiments", "results", "setup.md")).read()
+    assert setup.count("\n| ") >= 12 and setup in source("README.md")
+
+
+def test_every_results_table_row_in_the_readme_is_a_row_of_a_generated_table():
+    import glob
+
+    readme = source("README.md")
+    section = readme[readme.index("## Results on the toy task"):readme.index("\n## ", readme.index("## Results on the toy task") + 1)]
+    generated = "".join(open(f).read() for f in glob.glob(os.path.join(ROOT, "experiments", "results", "**", "*.md"), recursive=True))
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert len(rows) > 20
+    assert not [row for row in rows if row not in generated]  # each figure traceable to the table it was copied from
