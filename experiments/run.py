@@ -125,6 +125,11 @@ def suites(results, chosen):
                    ["--offline", "--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)]
                    + lr_flags(chosen[f"{algo} offline+humanline"]) + CURVE, FEW_SEEDS)
                   for algo in ("kto", "grpo") for eps in (0.01, 0.003) if f"{algo} offline+humanline" in chosen]
+    if "grpo offline+humanline" in chosen:  # what holds plain offline GRPO back, at offline + humanline GRPO's rate: the KL
+        # term to the starting policy, or the PPO clip around it (which the synced reference resets every step)?
+        ablations += [(f"grpo offline{name} (clip probe)", "grpo_humanline.py", ["--offline"] + flags
+                       + lr_flags(chosen["grpo offline+humanline"]) + CURVE, FEW_SEEDS)
+                      for name, flags in (("", []), (", beta 0", ["--beta", "0"]), (", beta 0, eps 100", ["--beta", "0", "--eps", "100"]))]
     return dict(sweep=sweep, main=main, instances=instances, offpolicy=offpolicy, ablations=ablations, quality=quality)
 
 
@@ -351,7 +356,9 @@ def comparisons(suite, names=()):
     if suite == "ablations":
         both = "dpo sync+clamp (humanline)"
         return [("dpo sync only", both), ("dpo clamp only", both), (both, "dpo offline"),
-                ("dpo sync+sampling", both), ("dpo trust-region sync+clamp", both)]
+                ("dpo sync+sampling", both), ("dpo trust-region sync+clamp", both),
+                ("grpo offline, beta 0 (clip probe)", "grpo offline (clip probe)"),
+                ("grpo offline, beta 0, eps 100 (clip probe)", "grpo offline, beta 0 (clip probe)")]
     if suite == "quality":
         return [("dpo offline+humanline, quartile 4 of the data", "dpo offline+humanline, quartile 1 of the data"),
                 ("dpo offline+humanline, the weak source's data, 23 steps", "dpo offline+humanline, the strong source's data, 23 steps")]
@@ -481,23 +488,27 @@ def rate_of(flags):
 
 
 def long_table(rows):
-    lines = ["Final held-out greedy reward and exact accuracy on 256 toy test problems (mean ± standard error over "
-             "seeds); the learning rate; wall and CPU time per run (1 CPU thread, two runs at a time) and the wall time of "
-             "its training loop alone (optimizer steps plus online sampling and scoring). Humanline diagnostics: the "
-             "fraction of tokens whose log-ratio to the reference lies outside the clamp's range (clamped by the runs "
-             "that clamp; for the others, what [-1.5, 1.5] would have cut), averaged over training; the regime this "
-             "puts a run in (clamp active: >= 1% of tokens, rare: 0.1-1%, idle: < 0.1%); the DPO/KTO reward margin "
-             "(GRPO: the mean |token log-ratio| to the reference) averaged over training; mean token log-probs of chosen "
-             "and rejected (GRPO: of the trained completions) at the last step. `new seed`: where one more seed's reward should "
-             "land (a 95% prediction interval from these seeds).", "",
-             "| configuration | seeds | reward | new seed | accuracy | lr | wall s | CPU s | loop s | clamped frac | regime | margin "
-             "| mean abs log-ratio | logp chosen | logp rejected |", "|---" * 15 + "|"]
+    """Two tables: the held-out results, then time and the humanline diagnostics."""
+    lines = ["Final held-out greedy reward and exact accuracy on the toy test problems (mean ± standard error over seeds); "
+             "`new seed`: where one more seed's reward should land (a 95% prediction interval from these seeds); the "
+             "learning rate; the regime of the humanline diagnostics below (clamp active: >= 1% of tokens outside the "
+             "clamp's range, rare: 0.1-1%, idle: < 0.1%).", "",
+             "| configuration | seeds | reward | new seed | accuracy | lr | regime |", "|---" * 7 + "|"]
     for r in rows:
         lo, hi = r["new_seed"]
-        lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {'–' if math.isnan(lo) else f'{lo:.3f}-{hi:.3f}'} | {fmt(r['accuracy'])} | {rate_of(r['flags']):g} "
-                     f"| {fmt(r['wall'], 0)} | {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} | {fmt(r['clamped_frac'], 4)} "
-                     f"| {r['regime']} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} | {fmt(r['logp_chosen'])} "
-                     f"| {fmt(r['logp_rejected'])} |")
+        lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {'–' if math.isnan(lo) else f'{lo:.3f}-{hi:.3f}'} "
+                     f"| {fmt(r['accuracy'])} | {rate_of(r['flags']):g} | {r['regime']} |")
+    lines += ["", "Wall and CPU time per run (1 CPU thread, two runs at a time) and the wall time of its training loop alone "
+              "(optimizer steps plus online sampling and scoring). Humanline diagnostics: the fraction of tokens whose "
+              "log-ratio to the reference lies outside the clamp's range (clamped by the runs that clamp; for the others, "
+              "what [-1.5, 1.5] would have cut) and the DPO/KTO reward margin (GRPO: the mean |token log-ratio| to the "
+              "reference), both averaged over training; mean token log-probs of chosen and rejected (GRPO: of the trained "
+              "completions) at the last step.", "",
+              "| configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen | logp rejected |",
+              "|---" * 9 + "|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {fmt(r['wall'], 0)} | {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} | {fmt(r['clamped_frac'], 4)} "
+                     f"| {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} | {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |")
     return lines
 
 

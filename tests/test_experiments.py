@@ -90,7 +90,8 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     assert hl["verdict"] == ("equivalent (within ±0.01)" if hl["p_tost_holm"] < 0.05 else "not decided") and hl["p_holm"] > 0.05
     run.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
-    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.542-0.678 | 0.305 ± 0.005 | 5e-06 | 20 ± 0 | 20 ± 0 |" in table
+    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.542-0.678 | 0.305 ± 0.005 | 5e-06 | clamp idle |" in table
+    assert "| dpo offline+humanline | 20 ± 0 | 20 ± 0 | 0 ± 0 | 0.0000 ± 0.0000 | 1.000 ± 0.000 | – | – | – |" in table  # time, diagnostics
     assert "| dpo online / dpo offline+humanline | 5.00 | 5.00 | 5.00 |" in table
     assert "5 runs of code abc" not in table and "20 runs of code abc (commit 0123456789)" in table
     assert "| dpo offline | 32 | 0.1 | 1.0 | none | none | – | – | – |" in table  # the settings, from args.json
