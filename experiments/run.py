@@ -267,11 +267,19 @@ def check_new_seed(results, suite, configs, seed, jobs):
     todo = [c for c in configs if not finished(runs.get(run_key(c[0], seed)), max_steps_of(c[2]))]
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda c: launch(check, suite, c[0], c[1], c[2], seed), todo))
+    lines = {}  # `<suite>_new_seed.md` keeps every check made, one line per configuration and seed
+    record = os.path.join(results, f"{suite}_new_seed.md")
+    if os.path.exists(record):
+        lines = {line.split(" ends at")[0]: line for line in open(record).read().splitlines() if " ends at" in line}
     for new in summarize(load_runs(check, suite), configs):
         row, reward = rows[new["config"]], new["reward"][0]
         lo, hi = row["new_seed"]
-        print(f"{new['config']}: seed {seed} ends at {reward:.3f}; its {row['seeds']} seeds {fmt(row['reward'])}, a new seed "
-              f"expected in {lo:.3f}-{hi:.3f}: {'inside' if lo <= reward <= hi else 'OUTSIDE'}")
+        line = (f"- {new['config']}: seed {seed} ends at {reward:.3f}; its {row['seeds']} seeds {fmt(row['reward'])}, a new "
+                f"seed expected in {lo:.3f}-{hi:.3f}: {'inside' if lo <= reward <= hi else 'OUTSIDE'}")
+        print(line[2:])
+        lines[line.split(" ends at")[0]] = line
+    with open(record, "w") as f:
+        f.write(f"# {suite}: runs with a seed the table did not use (`--new_seed`)\n\n" + "\n".join(sorted(lines.values())) + "\n")
 
 
 def ensure_instances(results, configs):

@@ -268,5 +268,7 @@ def test_a_new_seed_is_checked_against_its_rows_range(tmp_path, monkeypatch, cap
     assert "dpo online: seed 7 ends at 0.900" in out and "0.868: OUTSIDE" in out
     run.check_new_seed(results, "main", configs, 7, jobs=1)  # finished: not run again
     assert len(launched) == 2
+    record = open(os.path.join(results, "main_new_seed.md")).read()
+    assert record.count("- dpo o") == 2 and "- dpo offline: seed 7 ends at 0.850" in record  # one line each, kept
     with pytest.raises(SystemExit, match="already run seed 3"):
         run.check_new_seed(results, "main", configs, 3, jobs=1)
