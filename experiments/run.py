@@ -608,7 +608,15 @@ def sweep_tables(rows, start):
     return lines
 
 
-def instance_tables(rows, main_rows):
+def evidence(test):
+    """The Holm-corrected p-value behind a verdict: Welch's for a difference, the TOST's for equivalence, both otherwise."""
+    if test["verdict"] in ("higher", "lower"):
+        return f"p {test['p_holm']:.2g}"
+    return f"TOST p {test['p_tost_holm']:.2g}" if test["verdict"].startswith("equivalent") else \
+        f"p {test['p_holm']:.2g}, TOST p {test['p_tost_holm']:.2g}"
+
+
+def instance_tables(rows, main_rows, results):
     """The main comparisons on each toy instance: instance 0 is the committed one (the main suite's runs)."""
     rows = [dict(r, config=f"instance 0: {r['config']}") for r in main_rows if not r["config"].endswith("online+humanline")] + rows
     by = {r["config"]: r for r in rows}
@@ -618,18 +626,20 @@ def instance_tables(rows, main_rows):
              "toy instance, at the variant's learning rate chosen on instance 0:", "",
              "| variant | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     lines += [f"| {c} | " + " | ".join(fmt(by[f'{n}: {c}']['reward']) if f"{n}: {c}" in by else "" for n in names) + " |" for c in cells]
+    stats = [toy_task.load().stats if n == "instance 0" else instance_paths(results, int(n.split()[1])).stats for n in names]
+    lines.append("| starting policy | " + " | ".join(f"{json.load(open(f))['policy/test_reward']:.3f}" for f in stats) + " |")
     verdicts = {}
     for n in names:  # Holm over each instance's comparisons
         for t in significance(rows, [p for p in comparisons("instances", [r["config"] for r in rows]) if p[0].startswith(n + ":")]):
             verdicts[(n, t["comparison"].split(": ", 1)[1].replace(f" vs {n}: ", " vs "))] = t
     pairs = list(dict.fromkeys(k[1] for k in verdicts))
     lines += ["", "Each comparison on each instance (difference, verdict of Welch and TOST at 5%, Holm over the instance's "
-              "comparisons) and whether the verdict is the same on all of them:", "",
+              "comparisons, and the p-values behind it) and whether the verdict is the same on all of them:", "",
               "| comparison | " + " | ".join(names) + " | same on all |", "|---" * (len(names) + 2) + "|"]
     for p in pairs:
         ts = [verdicts.get((n, p)) for n in names]
         same = all(ts) and len({t["verdict"] for t in ts}) == 1
-        lines.append(f"| {p} | " + " | ".join(f"{t['diff']:+.3f} ({t['verdict']}, p {t['p_holm']:.2g})" if t else "" for t in ts)
+        lines.append(f"| {p} | " + " | ".join(f"{t['diff']:+.3f} ({t['verdict']}, {evidence(t)})" if t else "" for t in ts)
                      + f" | {'yes' if same else 'no' if all(ts) else 'incomplete'} |")
     return lines, rows
 
@@ -653,7 +663,7 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
     if suite == "sweep":
         lines += sweep_tables(rows, starting_reward("valid"))
     elif suite == "instances":
-        more, plotted = instance_tables(rows, list(main_rows))
+        more, plotted = instance_tables(rows, list(main_rows), results)
         lines += more + [""] + long_table(rows)
     else:
         lines += long_table(rows) + tests_table(significance(rows, comparisons(suite))) + time_ratios(rows)

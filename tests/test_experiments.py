@@ -272,3 +272,34 @@ def test_a_new_seed_is_checked_against_its_rows_range(tmp_path, monkeypatch, cap
     assert record.count("- dpo o") == 2 and "- dpo offline: seed 7 ends at 0.850" in record  # one line each, kept
     with pytest.raises(SystemExit, match="already run seed 3"):
         run.check_new_seed(results, "main", configs, 3, jobs=1)
+
+
+def test_instance_tables_on_known_runs(tmp_path):
+    results = str(tmp_path)
+    configs = run.suites(results, {cell: run.paper_lr(cell) for cell, _, _ in run.CELLS})
+    main = [c for c in configs["main"] if c[0].startswith("dpo")]
+    inst = [c for c in configs["instances"] if c[0].startswith("instance 1: dpo")]
+    finals = {"dpo offline": [0.80, 0.81, 0.82, 0.80, 0.81], "dpo offline+humanline": [0.60, 0.61, 0.62, 0.60, 0.61],
+              "dpo online": [0.90, 0.91, 0.92, 0.90, 0.91], "dpo online+humanline": [0.90] * 5}
+    for name, _, _, seeds in main:
+        for seed in seeds:
+            fake_run(results, "main", name, seed, [(0, 0.4), (120, finals[name][seed])])
+    same = [0.700, 0.701, 0.702]  # offline+humanline = offline on instance 1: equivalent there, lower on instance 0
+    finals1 = {"dpo offline": same, "dpo offline+humanline": same, "dpo online": [0.90, 0.91, 0.92]}
+    for name, _, _, seeds in inst:
+        for seed in seeds:
+            fake_run(results, "instances", name, seed, [(0, 0.4), (120, finals1[name.split(": ")[1]][seed])])
+    stats_file = run.instance_paths(results, 1).stats  # instance 1 is not built here: only its starting reward is read
+    os.makedirs(os.path.dirname(stats_file))
+    json.dump({"policy/test_reward": 0.5}, open(stats_file, "w"))
+    main_rows = run.summarize(run.load_runs(results, "main"), main)
+    lines, _ = run.instance_tables(run.summarize(run.load_runs(results, "instances"), inst), main_rows, results)
+    table = "\n".join(lines)
+    assert "| dpo offline+humanline | 0.608 ± 0.004 | 0.701 ± 0.001 |" in table
+    assert "| starting policy | 0.688 | 0.500 |" in table  # the committed instance's stats.json, then instance 1's
+    p_online = stats.ttest_ind(same, [0.90, 0.91, 0.92], equal_var=False).pvalue * 2  # Holm: the smaller of 2 p-values
+    p_equal = run.tost(same, same, 0.01) * 2
+    p0 = run.holm([stats.ttest_ind(finals["dpo offline+humanline"], finals[b], equal_var=False).pvalue for b in ("dpo offline", "dpo online")])
+    assert (f"| dpo offline+humanline vs dpo offline | -0.200 (lower, p {p0[0]:.2g}) | +0.000 (equivalent (within ±0.01), "
+            f"TOST p {p_equal:.2g}) | no |") in table  # the verdict differs between instances
+    assert f"| dpo offline+humanline vs dpo online | -0.300 (lower, p " in table and f"| -0.209 (lower, p {p_online:.2g}) | yes |" in table
