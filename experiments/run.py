@@ -748,7 +748,7 @@ def plot(results, suite, rows, start=None):
             key = {"main": r["config"].split()[0], "offpolicy": "off-policy GRPO"}.get(suite) or \
                 r["config"].split(": ")[0] + ": " + r["config"].split(": ")[1].split()[0]
             groups.setdefault(key, []).append(r)
-        fig, axes = plt.subplots(len(groups), 1 + len(PANELS), figsize=(3.8 * (1 + len(PANELS)), 3.0 * len(groups)),
+        fig, axes = plt.subplots(len(groups), 1 + len(PANELS), figsize=(3.8 * (1 + len(PANELS)), 3.0 * max(len(groups), 1.3)),
                                  squeeze=False, sharex=True)
         for row_axes, (group, members) in zip(axes, groups.items()):
             # each panel shows the first of its metrics that this group logs (DPO/KTO a margin, GRPO a |log-ratio|)
@@ -765,7 +765,11 @@ def plot(results, suite, rows, start=None):
             if start is not None and suite != "instances":
                 row_axes[0].axhline(start, color="gray", ls="--", lw=1, label="starting policy")
             row_axes[0].set_title(f"{group}: held-out reward", fontsize=9)
-            row_axes[0].legend(fontsize=6)
+            if len(members) > 5:  # too many lines for the reward panel: the legend goes in (or beside) the last panel
+                row_axes[-1].legend(*row_axes[0].get_legend_handles_labels(), fontsize=7, loc="center left",
+                                    bbox_to_anchor=(0, 0.5) if keys[-1] is None else (1.02, 0.5))
+            else:
+                row_axes[0].legend(fontsize=6)
             for ax, key in zip(row_axes[1:], keys):
                 ax.set_title(f"{group}: {DIAGNOSTICS[key]}", fontsize=9) if key else ax.axis("off")
         for ax in axes[-1]:
