@@ -789,7 +789,7 @@ def plot(results, suite, rows, start=None):
         ax.set_xlim(max(0.0, lo - 0.1), 1.0)
         ax.set_xlabel("final held-out reward (greedy), mean ± s.e.")
         ax.set_title(f"toy task: {suite}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_size_inches()[1]))  # leave the suptitle its own strip
     fig.savefig(os.path.join(results, f"{suite}.png"), dpi=100, bbox_inches="tight")
     plt.close(fig)
 
