@@ -626,8 +626,9 @@ def instance_tables(rows, main_rows, results):
              "toy instance, at the variant's learning rate chosen on instance 0:", "",
              "| variant | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     lines += [f"| {c} | " + " | ".join(fmt(by[f'{n}: {c}']['reward']) if f"{n}: {c}" in by else "" for n in names) + " |" for c in cells]
-    stats = [toy_task.load().stats if n == "instance 0" else instance_paths(results, int(n.split()[1])).stats for n in names]
-    lines.append("| starting policy | " + " | ".join(f"{json.load(open(f))['policy/test_reward']:.3f}" for f in stats) + " |")
+    # the starting policy: the runs' own evaluation at step 0, so that no instance needs building for the report
+    start = {n: [v for r in rows if r["config"].startswith(n + ":") for c in r["curves"] for s, v, _ in c if s == 0] for n in names}
+    lines.append("| starting policy | " + " | ".join(f"{np.mean(start[n]):.3f}" if start[n] else "" for n in names) + " |")
     verdicts = {}
     for n in names:  # Holm over each instance's comparisons
         for t in significance(rows, [p for p in comparisons("instances", [r["config"] for r in rows]) if p[0].startswith(n + ":")]):
@@ -658,6 +659,7 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
     start = starting_reward()
     with open(os.path.join(results, f"{suite}.jsonl"), "w") as f:
         for r in rows:
+            r = dict(r, flags=[x.replace(results + os.sep, "<results>/") for x in r["flags"]])  # the same on every machine
             f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args")}) + "\n")
     lines = [f"# {suite}", "", provenance_line(rows), "", *([extra, ""] if extra else [])]
     if suite == "sweep":

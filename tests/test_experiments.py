@@ -283,23 +283,42 @@ def test_instance_tables_on_known_runs(tmp_path):
               "dpo online": [0.90, 0.91, 0.92, 0.90, 0.91], "dpo online+humanline": [0.90] * 5}
     for name, _, _, seeds in main:
         for seed in seeds:
-            fake_run(results, "main", name, seed, [(0, 0.4), (120, finals[name][seed])])
+            fake_run(results, "main", name, seed, [(0, 0.45), (120, finals[name][seed])])
     same = [0.700, 0.701, 0.702]  # offline+humanline = offline on instance 1: equivalent there, lower on instance 0
     finals1 = {"dpo offline": same, "dpo offline+humanline": same, "dpo online": [0.90, 0.91, 0.92]}
     for name, _, _, seeds in inst:
         for seed in seeds:
-            fake_run(results, "instances", name, seed, [(0, 0.4), (120, finals1[name.split(": ")[1]][seed])])
-    stats_file = run.instance_paths(results, 1).stats  # instance 1 is not built here: only its starting reward is read
-    os.makedirs(os.path.dirname(stats_file))
-    json.dump({"policy/test_reward": 0.5}, open(stats_file, "w"))
+            fake_run(results, "instances", name, seed, [(0, 0.5), (120, finals1[name.split(": ")[1]][seed])])
+    assert not os.path.exists(run.instance_paths(results, 1).stats)  # no instance is built: the report needs none
     main_rows = run.summarize(run.load_runs(results, "main"), main)
     lines, _ = run.instance_tables(run.summarize(run.load_runs(results, "instances"), inst), main_rows, results)
     table = "\n".join(lines)
     assert "| dpo offline+humanline | 0.608 ± 0.004 | 0.701 ± 0.001 |" in table
-    assert "| starting policy | 0.688 | 0.500 |" in table  # the committed instance's stats.json, then instance 1's
+    assert "| starting policy | 0.450 | 0.500 |" in table  # each instance's runs at step 0
     p_online = stats.ttest_ind(same, [0.90, 0.91, 0.92], equal_var=False).pvalue * 2  # Holm: the smaller of 2 p-values
     p_equal = run.tost(same, same, 0.01) * 2
     p0 = run.holm([stats.ttest_ind(finals["dpo offline+humanline"], finals[b], equal_var=False).pvalue for b in ("dpo offline", "dpo online")])
     assert (f"| dpo offline+humanline vs dpo offline | -0.200 (lower, p {p0[0]:.2g}) | +0.000 (equivalent (within ±0.01), "
             f"TOST p {p_equal:.2g}) | no |") in table  # the verdict differs between instances
-    assert f"| dpo offline+humanline vs dpo online | -0.300 (lower, p " in table and f"| -0.209 (lower, p {p_online:.2g}) | yes |" in table
+    assert "| dpo offline+humanline vs dpo online | -0.300 (lower, p " in table and f"| -0.209 (lower, p {p_online:.2g}) | yes |" in table
+
+
+def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_path):
+    """The documented `--report`, on a copy of the committed results only (no run folders, no built instances), writes
+    every committed table and summary again, byte for byte."""
+    tracked = subprocess.run(["git", "ls-files", "experiments/results"], cwd=ROOT, capture_output=True, text=True, check=True)
+    files = [f for f in tracked.stdout.split() if "/previous/" not in f]
+    if not any(f.endswith(".tar.gz") for f in files):
+        pytest.skip("not a git checkout with committed results")
+    suites = ("sweep", "main", "instances", "offpolicy", "ablations", "quality")
+    tables = [f for f in files if os.path.basename(f) in {"setup.md"} | {f"{s}{x}" for s in suites for x in (".md", ".jsonl")}]
+    assert len(tables) == 13
+    for f in set(files) - set(tables):  # the tables are left out: the report has to write them
+        dest = tmp_path / os.path.relpath(f, "experiments/results")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(open(os.path.join(ROOT, f), "rb").read())
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--report", "--results", str(tmp_path)],
+                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    for f in tables:
+        assert (tmp_path / os.path.relpath(f, "experiments/results")).read_text() == open(os.path.join(ROOT, f)).read(), f
