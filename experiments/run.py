@@ -267,17 +267,16 @@ def check_new_seed(results, suite, configs, seed, jobs):
     todo = [c for c in configs if not finished(runs.get(run_key(c[0], seed)), max_steps_of(c[2]))]
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda c: launch(check, suite, c[0], c[1], c[2], seed), todo))
-    lines = {}  # `<suite>_new_seed.md` keeps every check made, one line per configuration and seed
-    record = os.path.join(results, f"{suite}_new_seed.md")
-    if os.path.exists(record):
-        lines = {line.split(" ends at")[0]: line for line in open(record).read().splitlines() if " ends at" in line}
+    record = os.path.join(results, f"{suite}_new_seed.md")  # every check made, one line per configuration and seed
+    old = open(record).read().splitlines() if os.path.exists(record) else []
+    lines = {line.split(" ends at")[0]: line for line in old if " ends at" in line}
     for new in summarize(load_runs(check, suite), configs):
         row, reward = rows[new["config"]], new["reward"][0]
         lo, hi = row["new_seed"]
-        line = (f"- {new['config']}: seed {seed} ends at {reward:.3f}; its {row['seeds']} seeds {fmt(row['reward'])}, a new "
-                f"seed expected in {lo:.3f}-{hi:.3f}: {'inside' if lo <= reward <= hi else 'OUTSIDE'}")
-        print(line[2:])
-        lines[line.split(" ends at")[0]] = line
+        key = f"- {new['config']}: seed {seed}"
+        lines[key] = (f"{key} ends at {reward:.3f}; its {row['seeds']} seeds {fmt(row['reward'])}, a new seed expected in "
+                      f"{lo:.3f}-{hi:.3f}: {'inside' if lo <= reward <= hi else 'OUTSIDE'}")
+        print(lines[key][2:])
     with open(record, "w") as f:
         f.write(f"# {suite}: runs with a seed the table did not use (`--new_seed`)\n\n" + "\n".join(sorted(lines.values())) + "\n")
 
@@ -616,7 +615,7 @@ def evidence(test):
         f"p {test['p_holm']:.2g}, TOST p {test['p_tost_holm']:.2g}"
 
 
-def instance_tables(rows, main_rows, results):
+def instance_tables(rows, main_rows):
     """The main comparisons on each toy instance: instance 0 is the committed one (the main suite's runs)."""
     rows = [dict(r, config=f"instance 0: {r['config']}") for r in main_rows if not r["config"].endswith("online+humanline")] + rows
     by = {r["config"]: r for r in rows}
@@ -665,7 +664,7 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
     if suite == "sweep":
         lines += sweep_tables(rows, starting_reward("valid"))
     elif suite == "instances":
-        more, plotted = instance_tables(rows, list(main_rows), results)
+        more, plotted = instance_tables(rows, list(main_rows))
         lines += more + [""] + long_table(rows)
     else:
         lines += long_table(rows) + tests_table(significance(rows, comparisons(suite))) + time_ratios(rows)

@@ -291,7 +291,7 @@ def test_instance_tables_on_known_runs(tmp_path):
             fake_run(results, "instances", name, seed, [(0, 0.5), (120, finals1[name.split(": ")[1]][seed])])
     assert not os.path.exists(run.instance_paths(results, 1).stats)  # no instance is built: the report needs none
     main_rows = run.summarize(run.load_runs(results, "main"), main)
-    lines, _ = run.instance_tables(run.summarize(run.load_runs(results, "instances"), inst), main_rows, results)
+    lines, _ = run.instance_tables(run.summarize(run.load_runs(results, "instances"), inst), main_rows)
     table = "\n".join(lines)
     assert "| dpo offline+humanline | 0.608 ± 0.004 | 0.701 ± 0.001 |" in table
     assert "| starting policy | 0.450 | 0.500 |" in table  # each instance's runs at step 0
