@@ -1,16 +1,18 @@
 """Reproduce the paper's comparisons on the built-in toy task: learning rates chosen per variant, seeds, p-values.
 
-    python experiments/run.py                      # every suite, in order (hours on 2 CPU cores; resumable)
+    python experiments/run.py                      # every suite, in order (417 runs, ~5 h on 2 CPU cores; resumable)
     python experiments/run.py --suite sweep        # one suite: sweep | main | instances | offpolicy | ablations | quality
     python experiments/run.py --report             # only rebuild the tables and plots from finished runs
     python experiments/run.py --quick              # each code path of every suite, 2 steps (a smoke test, about 2.5 minutes)
+    python experiments/run.py --suite main --only "dpo offline" --new_seed 7   # rerun rows with an unused seed
 
 The order matters: `sweep` trains each of the 12 variants (DPO, KTO, GRPO x offline, offline+humanline, online,
 online+humanline) at five learning rates (0.25x-4x the paper's, its Table 3), 3 seeds each, scored on the toy's
 *validation* prompts; each variant's rate is the one with the highest mean there. Every other suite trains at the
 chosen rates with other seeds and is scored on the *test* prompts: `main` (5 seeds, evaluated every 10 steps),
-`instances` (the main comparisons on two more toy instances built from seeds 1 and 2), `offpolicy` (off-policy GRPO)
-and `ablations` and `quality` (DPO). A suite whose rates are not chosen yet leaves those configurations out.
+`instances` (the main comparisons on two more toy instances built from seeds 1 and 2), `offpolicy` (off-policy GRPO),
+`ablations` (DPO's, the regime probes of all three objectives, GRPO's clip probe) and `quality` (DPO). A suite whose
+rates are not chosen yet leaves those configurations out.
 
 Each run is one training script in a subprocess with one CPU thread (`--jobs` at a time). A run is finished when its
 `metrics.jsonl` has an evaluation at the final step; finished runs are skipped, so an interrupted invocation
