@@ -43,12 +43,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import torch.utils.checkpoint
 import transformers
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser, set_seed
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser,
+                          set_seed)
 
 import humanline_sampling
 import math_rewards
+import memory_plan
 import toy_task
 
 
@@ -75,6 +78,7 @@ class Args:
     max_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
     batch_size: int = field(default=32, metadata={"help": "Preference pairs per optimizer step, over all processes."})
     micro_batch_size: int = field(default=32, metadata={"help": "Pairs per forward pass per process."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward (8B: needed)."})
     learning_rate: float = field(default=5e-6, metadata={"help": "Peak learning rate (paper: 5e-6 offline, 2.5e-6 online)."})
     warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup fraction, then linear decay to 0."})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
@@ -98,15 +102,20 @@ class Args:
     top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling."})
     max_new_tokens: int = field(default=40, metadata={"help": "Longest sampled completion (paper: 2048)."})
     reward_threshold: float = field(default=0.01, metadata={"help": "tau: keep a pair only if best - worst >= tau."})
-    generation_batch_size: int = field(default=64, metadata={"help": "Prompts per generate() call per process."})
+    generation_batch_size: int = field(default=512, metadata={"help": "Sequences per generate() call per process (KV cache)."})
+    reward_batch_size: int = field(default=64, metadata={"help": "Sequences per reward-model forward."})
     # evaluation, checkpoints, distributed
     eval_every: int = field(default=20, metadata={"help": "Evaluate at step 0 and every N steps (0: only at the end)."})
     num_eval_prompts: int = field(default=256, metadata={"help": "Held-out prompts per evaluation."})
     output_dir: str = field(default="", metadata={"help": "Default: runs/dpo-<mode>-seed<seed>."})
     save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
+    save_total_limit: int = field(default=0, metadata={"help": "Keep only the newest N checkpoints (0: all)."})
     resume: bool = field(default=False, metadata={"help": "Continue from the newest checkpoint in --output_dir."})
     log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
     dist_timeout: int = field(default=1800, metadata={"help": "Seconds a collective waits: a dead process stops the run."})
+    precision: Optional[Literal["bf16", "fp32"]] = field(default=None, metadata={"help": "Compute dtype; unset: bf16 on a GPU, fp32 on a CPU (weights, grads, optimizer: fp32)."})
+    fp32_head: bool = field(default=True, metadata={"help": "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16)."})
+    plan_only: bool = field(default=False, metadata={"help": "Print the memory plan per GPU for these flags and exit (loads no weights)."})
 
 
 # ALGO LOGIC: the loss, on per-token log-probs (the paper, appendix C.1)
@@ -198,11 +207,25 @@ def collate(sequences, pad_id, device):
     return ids.to(device), attn.to(device), loss_mask.to(device)
 
 
-def token_logps(model, input_ids, attention_mask, loss_mask):
-    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logps = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)
-    return logps * loss_mask[:, 1:]
+def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.float32, chunk=1024):
+    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere. The LM head and log-softmax run
+    on completion positions only, `chunk` at a time, recomputed in the backward, in `head_dtype` (fp32: with k = 1
+    the log-ratio humanline trains on is ~1e-3, below bf16's rounding of large logits): no (batch, seq, vocab)
+    logits are made, which at 8B with a 128k vocabulary would not fit."""
+    hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
+                   logits_to_keep=1).hidden_states[-1][:, :-1]  # after the final norm; the head ran on one position
+    where = loss_mask[:, 1:].bool()
+    h, targets, weight = hidden[where], input_ids[:, 1:][where], model.get_output_embeddings().weight
+    logps = [torch.utils.checkpoint.checkpoint(head_logps, h[i: i + chunk], weight, targets[i: i + chunk], head_dtype,
+                                               use_reentrant=False) for i in range(0, len(h), chunk)]
+    return torch.zeros(where.shape, device=h.device).masked_scatter(where, torch.cat(logps))
+
+
+def head_logps(h, weight, targets, dtype):
+    """log softmax(h W^T)[target] for each row of h, in `dtype` (outside any autocast)."""
+    with torch.autocast(h.device.type, enabled=False):
+        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype)).float()
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
 
 def best_worst_pairs(groups, threshold):
@@ -278,12 +301,10 @@ def main():
         for micro, (pairs, sequences) in enumerate(forward_batches(step_batch(state.step), args, rt.rank, rt.world)):
             # ALGO LOGIC: one forward per model on chosen and rejected concatenated
             ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
-            if rt.distributed:
-                policy.set_requires_gradient_sync(micro == rt.grad_accum - 1)  # reduce-scatter once per step
             with rt.autocast:
                 with torch.no_grad():
-                    ref_logps = token_logps(ref, ids, attn, mask) if ref is not None else ahead[micro].to(rt.device)
-                policy_logps = token_logps(policy, ids, attn, mask)
+                    ref_logps = token_logps(ref, ids, attn, mask, rt.head_dtype) if ref is not None else ahead[micro].to(rt.device)
+                policy_logps = token_logps(policy, ids, attn, mask, rt.head_dtype)
             mask = mask[:, 1:]
             bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached instead of clamped
@@ -321,14 +342,20 @@ def parse_args(Args, name, checks):
     args.offline = not args.online
     args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
     for rule, ok, flags in (("at least 1", lambda v: v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
-                             "round_size max_new_tokens generation_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
+                             "round_size max_new_tokens generation_batch_size reward_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
                             ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
-                            ("at least 0", lambda v: v >= 0, "eval_every save_every weight_decay"),
+                            ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay"),
                             ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"), ("in (0, 1]", lambda v: 0 < v <= 1, "top_p")):
         for flag in flags.split():
             fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
     fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}")
     fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
+    fail(args.online and args.max_prompt_length + args.max_new_tokens > args.max_length, "--max_prompt_length + --max_new_tokens "
+         f"= {args.max_prompt_length + args.max_new_tokens} is above --max_length {args.max_length}: samples would be cut before training")
+    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
+    fail(args.batch_size % (args.micro_batch_size * world), f"--batch_size {args.batch_size} must be a multiple of "
+         f"--micro_batch_size x processes = {args.micro_batch_size} x {world}")
+    args.precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
     for flag in ("model_name_or_path", "dataset", "eval_prompts", "reward_model"):
         value = getattr(args, flag)  # a path (not a hub name): it starts with ., / or ~ or ends in a data file's extension
         local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in (".json", ".jsonl", ".parquet", ".csv")
@@ -340,6 +367,11 @@ def parse_args(Args, name, checks):
     if not args.humanline and (args.sync != "none" or args.clip != "none"):
         mode += f"-sync_{args.sync}-clip_{args.clip}"
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}-seed{args.seed}")
+    if args.plan_only or int(os.environ.get("RANK", 0)) == 0:  # the memory per process, from the configs alone
+        rows = memory_plan.plan(args, name, world, gpu=args.plan_only or torch.cuda.is_available())
+        print(memory_plan.table(rows) if args.plan_only else f"memory plan: {memory_plan.peak(rows) / 2**30:.2f} GiB "
+              "per process at the peak (--plan_only: the details)")
+    fail(args.plan_only, "--plan_only: nothing loaded, nothing trained")
     return args
 
 
@@ -380,12 +412,11 @@ def setup(args):
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    fail(args.batch_size % (args.micro_batch_size * world), f"--batch_size {args.batch_size} must be a multiple of "
-         f"--micro_batch_size x processes = {args.micro_batch_size} x {world}")
     set_seed(stream_seed(args.seed, "init", rank))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and not distributed)
-    return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast,
-                           grad_accum=args.batch_size // (args.micro_batch_size * world))
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # of the compute; weights stay fp32
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16 and not distributed)
+    return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast, dtype=dtype,
+                           head_dtype=torch.float32 if args.fp32_head else dtype)
 
 
 def load_tokenizer(args):
@@ -405,23 +436,42 @@ def pretrained(cls, name, args, **kwargs):
 
 def load_model(args, toy, rt):
     """The policy (or a copy for the reference): fp32 weights, dropout off unless --keep_dropout (with k = 1 the
-    log-ratio of two consecutive policies would be mostly dropout noise); with several processes FSDP2, each
-    decoder layer a shard group, bf16 compute on CUDA."""
-    model = pretrained(AutoModelForCausalLM, toy.model if args.model_name_or_path == "toy" else args.model_name_or_path,
-                       args, dtype=torch.float32).to(rt.device)
+    log-ratio of two consecutive policies would be mostly dropout noise). With several processes FSDP2: each decoder
+    layer a shard group computing in --precision, the root (embeddings, final norm, head) in the head's dtype; only
+    rank 0 reads the weights, the others build on the meta device and receive their shards from it."""
+    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
+    config = pretrained(AutoConfig, name, args)
+    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):  # token_logps applies the head alone
+        fail(getattr(config, key, None) not in (None, 1, 1.0), f"{name}: {key} in its config is not supported")
+    if not rt.distributed:
+        model = pretrained(AutoModelForCausalLM, name, args, dtype=torch.float32).to(rt.device)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=args.trust_remote_code)
+    model.export_dtype = config.dtype or torch.float32  # checkpoints are written in the model's own dtype
     for module in model.modules() if not args.keep_dropout else ():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
         if isinstance(getattr(module, "attention_dropout", None), float):  # attention dropout passed to the kernel
             module.attention_dropout = 0.0
+    if args.gradient_checkpointing:  # each decoder layer recomputed in the backward: one layer's activations, not all
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if rt.distributed:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if rt.device.type == "cuda" else MixedPrecisionPolicy()
         for module in model.modules():
             if type(module).__name__ in (model._no_split_modules or []):
-                fully_shard(module, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+                fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=rt.dtype, reduce_dtype=torch.float32))
+        fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=rt.head_dtype, reduce_dtype=torch.float32))
+        model.to_empty(device=rt.device)
+        full = pretrained(AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
+        set_model_state_dict(model, full.state_dict() if full else {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        for key, buffer in model.named_buffers():  # the buffers outside the state dict (e.g. rotary frequencies)
+            if full:
+                buffer.copy_(full.get_buffer(key))
+            dist.broadcast(buffer, src=0)
     return model
 
 
@@ -571,7 +621,7 @@ def make_scorer(name, args, rt):
             return getattr(importlib.import_module(module), function)
         except (ImportError, AttributeError) as e:
             raise SystemExit(f"{name}: {type(e).__name__}: {e}") from None
-    rm = pretrained(AutoModelForSequenceClassification, name, args).to(rt.device).eval()
+    rm = pretrained(AutoModelForSequenceClassification, name, args, dtype=rt.dtype).to(rt.device).eval()
     rm_tok = pretrained(AutoTokenizer, name, args)
     rm_tok.pad_token = rm_tok.pad_token or rm_tok.eos_token  # the score is read at each row's last non-pad token
     rm.config.pad_token_id = rm_tok.pad_token_id
@@ -582,9 +632,16 @@ def make_scorer(name, args, rt):
         chat = rm_tok.chat_template and isinstance(prompts[0], list)
         texts = [rm_tok.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False) if chat else p + c
                  for p, c in zip(prompts, completions)]
-        enc = rm_tok.pad({"input_ids": [prompt_ids(rm_tok, t) for t in texts]}, padding_side="right", return_tensors="pt")
-        out = rm(**enc.to(rt.device))
-        return (out.score if hasattr(out, "score") else out.logits).float().reshape(len(texts), -1)[:, 0].tolist()  # ArmoRM: score
+        scores, size = [], args.reward_batch_size
+        for i in range(0, len(texts), size):
+            enc = rm_tok.pad({"input_ids": [prompt_ids(rm_tok, t) for t in texts[i: i + size]]}, padding_side="right",
+                             return_tensors="pt")
+            try:
+                out = rm(**enc.to(rt.device))
+            except torch.OutOfMemoryError:  # not a bad sample: a batch too large (SystemExit passes score_samples)
+                fail(True, f"{name}: out of memory scoring {len(enc['input_ids'])} sequences at once; lower --reward_batch_size")
+            scores += (out.score if hasattr(out, "score") else out.logits).float().reshape(len(enc["input_ids"]), -1)[:, 0].tolist()
+        return scores  # ArmoRM returns .score
 
     return score
 
@@ -620,24 +677,35 @@ def score_samples(name, scorer, prompts, completions, columns):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, n, args, greedy, seed):
-    """n completions per prompt (token ids, grouped per prompt), --generation_batch_size prompts per call, with the
-    KV cache. A completion stops at an end token (kept), the one the chat template ends a turn with included; one
-    cut at --max_new_tokens has none. Returns (completions, whether each finished)."""
+    """n completions per prompt (token ids, grouped per prompt), at most --generation_batch_size sequences per call,
+    with the KV cache. A completion stops at an end token (kept), the one the chat template ends a turn with
+    included; one cut at --max_new_tokens has none. Under FSDP2 the first forward gathers each shard group and
+    they stay gathered for every token and call, then are resharded. Returns (completions, whether each finished)."""
     model.eval()
+    units = [m for m in model.modules() if hasattr(m, "set_reshard_after_forward")]  # FSDP2's shard groups
+    for m in units:
+        m.set_reshard_after_forward(False, recurse=False)
     torch.manual_seed(seed)
     ends = [tokenizer.eos_token_id]
     if tokenizer.chat_template:  # e.g. <|eot_id|>: the first token after an assistant message
         after = tokenizer.apply_chat_template([{"role": "user", "content": "?"}, {"role": "assistant", "content": "!!"}], tokenize=False).rsplit("!!", 1)[1]
         ends += [t for t in tokenizer(after, add_special_tokens=False)["input_ids"][:1] if t in tokenizer.added_tokens_decoder]
-    out, finished = [], []
-    for i in range(0, len(prompts), args.generation_batch_size):
-        enc = tokenizer.pad({"input_ids": prompts[i: i + args.generation_batch_size]}, padding_side="left", return_tensors="pt")
-        sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
-        seqs = model.generate(**enc.to(next(model.parameters()).device), max_new_tokens=args.max_new_tokens, num_return_sequences=n,
-                              eos_token_id=ends, pad_token_id=tokenizer.pad_token_id, synced_gpus=dist.is_initialized(), use_cache=True, **sampling)
+    out, finished, per_call = [], [], max(1, args.generation_batch_size // n)
+    sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
+    for i in range(0, len(prompts), per_call):
+        enc = tokenizer.pad({"input_ids": prompts[i: i + per_call]}, padding_side="left", return_tensors="pt")
+        try:  # gathered weights: no collective in a forward, so processes need not decode in step (synced_gpus)
+            seqs = model.generate(**enc.to(next(model.parameters()).device), max_new_tokens=args.max_new_tokens,
+                                  num_return_sequences=n, eos_token_id=ends, pad_token_id=tokenizer.pad_token_id,
+                                  synced_gpus=False, **sampling)
+        except torch.OutOfMemoryError:
+            fail(True, f"out of memory sampling {len(enc['input_ids']) * n} sequences at once; lower --generation_batch_size")
         for s in seqs[:, enc["input_ids"].shape[1]:].tolist():
             out.append(next((s[: j + 1] for j, t in enumerate(s) if t in ends), s))
             finished.append(out[-1][-1] in ends)
+    for m in units:  # back to shards; in training the root keeps its weights gathered after a forward (FSDP2's default)
+        m.set_reshard_after_forward(m is not model, recurse=False)
+        m.reshard()
     model.train()
     return out, finished
 
@@ -657,8 +725,9 @@ def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt,
     mine = rows[rt.rank::rt.world]
     padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
     prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer))[-args.max_prompt_length:] for r in padded]
-    completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval",
-                                   stream_seed(args.seed, "sampling", round_index, rt.rank))
+    with rt.autocast:  # one GPU samples in bf16 as it trains
+        completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval",
+                                         stream_seed(args.seed, "sampling", round_index, rt.rank))
     completions, finished = completions[: len(mine) * n], finished[: len(mine) * n]  # not the padding
     cut = sum(not f or len(prompts[j // n]) + len(c) > args.max_length for j, (c, f) in enumerate(zip(completions, finished)))
     flat = [r for r in mine for _ in range(n)]
@@ -718,7 +787,7 @@ def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer
         policy.eval()
         with torch.no_grad(), rt.autocast:
             for s in tqdm(steps, desc="reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False, dynamic_ncols=True):
-                state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device)).cpu()
+                state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device), rt.head_dtype).cpu()
                                       for _, seqs in forward_batches(step_batch(s), args, rt.rank, rt.world)]
         policy.train()
         if hasattr(policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
@@ -852,6 +921,8 @@ class Session:
             shutil.rmtree(final, ignore_errors=True)  # a step saved twice (the last one)
             os.replace(tmp, final)
             fsync(self.args.output_dir, files=False)  # the rename itself
+            for old in checkpoints(self.args.output_dir)[:-self.args.save_total_limit] if self.args.save_total_limit else []:
+                shutil.rmtree(old, ignore_errors=True)
         self.barrier()
 
     def load(self, path):
@@ -876,8 +947,8 @@ class Session:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rt.rank == 0:
-            self.policy.save_pretrained(directory, state_dict=full)
+        if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not the fp32 the training keeps
+            self.policy.save_pretrained(directory, state_dict={k: v.to(getattr(self.policy, "export_dtype", v.dtype)) for k, v in full.items()})
             self.tokenizer.save_pretrained(directory)
         self.barrier()
 
@@ -886,9 +957,13 @@ class Session:
             dist.barrier()
 
     def finish(self):
+        """The final model: the last checkpoint's files, linked into --output_dir (gathered and written once)."""
         self.bar.close()
-        self.save_pretrained(self.args.output_dir)
         if self.rt.rank == 0:
+            last = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")  # the last step always saves
+            for f in os.listdir(last) if os.path.isdir(last) else []:
+                if not f.startswith("state-rank"):
+                    link(os.path.join(last, f), os.path.join(self.args.output_dir, f))
             print(f"saved to {self.args.output_dir}")
         if self.rt.distributed:
             dist.barrier()  # leave together: a process tearing down gloo while another still saves can abort
@@ -899,10 +974,24 @@ RESUMABLE = ("resume", "output_dir", "save_every", "log_every", "eval_every", "n
              "on_bad_reward", "max_bad_steps", "trust_remote_code")
 
 
-def newest_checkpoint(output_dir):
+def checkpoints(output_dir):
+    """The complete checkpoints in output_dir, oldest first."""
     steps = [int(d.split("-")[1]) for d in os.listdir(output_dir)
              if d.startswith("checkpoint-") and d.split("-")[1].isdigit()] if os.path.isdir(output_dir) else []
-    return os.path.join(output_dir, f"checkpoint-{max(steps)}") if steps else None
+    return [os.path.join(output_dir, f"checkpoint-{s}") for s in sorted(steps)]
+
+
+def newest_checkpoint(output_dir):
+    return (checkpoints(output_dir) or [None])[-1]
+
+
+def link(src, dest):
+    if os.path.exists(dest):
+        os.remove(dest)
+    try:
+        os.link(src, dest)  # the same bytes under two names: no second copy on disk
+    except OSError:
+        shutil.copy2(src, dest)
 
 
 def open_metrics(path, step):

@@ -621,12 +621,21 @@ def test_end_to_end(name, dpo_run, toy_model):
     assert any(not torch.equal(trained[k], initial[k]) for k in trained)
 
 
-def test_online_rounds_count_the_completions_cut_by_max_length(dpo_run):
-    # a toy prompt is 8 tokens and a completion 32 (with <eos>): --max_length 24 cuts every completion of that length,
-    # and every sample is counted (the round's 32 x 4), not only those that make a pair
-    run = dpo_run(["--online", "--max_prompt_length", "16", "--max_length", "24", "--max_steps", "1"]).check()
+def test_online_rounds_count_the_completions_cut_by_max_new_tokens(dpo_run):
+    # a toy completion is 32 tokens with <eos>: --max_new_tokens 24 cuts every sample before its end, and every
+    # sample is counted (the round's 32 x 4), not only those that make a pair
+    run = dpo_run(["--online", "--max_new_tokens", "24", "--max_steps", "1"]).check()
     rounds = [r for r in run.records if "online/pairs" in r]
-    assert rounds and all(2 * r["online/pairs"] <= r["online/truncated_completions"] <= 128 for r in rounds), rounds
+    assert rounds and all(r["online/truncated_completions"] == 128 for r in rounds), rounds
+
+
+def test_an_online_run_whose_samples_would_be_cut_before_training_is_refused(tmp_path):
+    # prompt 16 + completion 40 > 24: the tail a reward scored (a math answer) would be cut before the loss sees it
+    proc = subprocess.run([sys.executable, "dpo_humanline.py", "--online", "--max_prompt_length", "16", "--max_length",
+                           "24", "--output_dir", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "--max_prompt_length + --max_new_tokens = 56 is above --max_length 24: samples would be cut before training"]
+    assert not (tmp_path / "out").exists()
 
 
 def test_sync_timing_end_to_end(dpo_run):

@@ -371,7 +371,8 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
     texts = [("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"), ("100+200=", "0+0+0=00;0+0+0=00;1+2+0=03>0300"),
              ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
     seqs = [(tok(p)["input_ids"], tok(c + tok.eos_token)["input_ids"], 1.0, 1.0) for p, c in texts][:8]  # two steps of 4
-    rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False))
+    rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False),
+                         head_dtype=torch.float32)
     state = SimpleNamespace(step=3, round_start=3, ref_ahead={}, ref_weights=None)
     step_batch = lambda s: seqs[(s - 3) * 4: (s - 2) * 4] if s - 3 < 2 else None  # noqa: E731 (the buffer: steps 3, 4)
     forwards = lambda batch, args, rank, world: [(m, [x[:2] for x in m]) for m in micro_batches(batch, args, rank, world)]  # noqa: E731
@@ -397,7 +398,7 @@ def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):
         return [float(k) for k in range(len(completions))]
 
     reward_fns = [("ones", 1.0, lambda p, c, **_: [1.0] * len(c)), ("count", 8.0, count)]
-    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
+    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False))
     groups, record = sample_and_score(model, tok, reward_fns, rows, 3, args, 1, rt)
     assert seen["solution"] == ["912"] * 3 + ["300"] * 3  # the other columns reach the reward functions
     scores = [1.0 + 8.0 * k for k in range(6)]

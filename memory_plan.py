@@ -1,0 +1,141 @@
+"""The memory a run needs per GPU, from the models' config.json files alone (no weights), the flags and the process
+count. Every training script prints it at start-up; `--plan_only` prints it and exits without loading anything:
+
+    WORLD_SIZE=8 python dpo_humanline.py --plan_only --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct ...
+
+What it counts, per process (W processes, P parameters, FSDP2 shards the fp32 states):
+- sharded states: fp32 weights of the policy and of each extra model (the two-model reference, GRPO's frozen
+  initial policy), the policy's fp32 gradient (kept sharded across micro-batches) and AdamW's two moments;
+- gathered weights: FSDP2 gathers a decoder layer at a time (this one and the next, prefetched) in --precision and
+  keeps the root (embeddings, final norm, head) gathered in the head's dtype; one process instead holds one copy,
+  plus autocast's bf16 copy of every weight when computing in bf16;
+- activations of the longest micro-batch (its sequences x --max_length tokens): every decoder layer's saved
+  tensors, or with --gradient_checkpointing each layer's input plus one layer's recompute. The bytes per token and
+  layer are measured (tests/test_gpu_path.py): fp32 24d + 16f + 8q + 8kv, bf16 26d + 8f + 4q + 4kv, for hidden
+  size d, MLP size f, q = heads x head_dim and kv = key-value heads x head_dim;
+- the log-prob head: the fp32 final hidden states of the completion positions, and one chunk of fp32 logits with
+  its softmax and gradient;
+- generation (online runs; evaluation): the whole policy gathered once for the call, the KV cache of the largest
+  generate call (--generation_batch_size sequences of --max_prompt_length + --max_new_tokens) and its fp32
+  next-token logits, beside the sharded states (gradients are freed by then);
+- a reward model, replicated on every process in --precision, and its forward on --reward_batch_size sequences.
+The peak is the larger of the training and the generation phase, plus the reward model, plus 1 GiB for the CUDA
+context on a GPU. It is an estimate: the tests hold it within 20% of peaks measured on a CPU.
+"""
+
+import math
+import os
+from types import SimpleNamespace
+
+GIB = 2**30
+CHUNK = 1024  # positions per head chunk: token_logps' default
+
+
+def shapes(config):
+    """The sizes the plan needs from a transformers config (a Llama-like decoder)."""
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    d, layers, heads = c.hidden_size, c.num_hidden_layers, c.num_attention_heads
+    hd = getattr(c, "head_dim", None) or d // heads
+    q, kv = heads * hd, (getattr(c, "num_key_value_heads", None) or heads) * hd
+    bias = q + 2 * kv if getattr(c, "attention_bias", False) or c.model_type.startswith("qwen2") else 0
+    layer = d * q + 2 * d * kv + q * d + bias + 3 * d * c.intermediate_size + 2 * d
+    tied = getattr(c, "tie_word_embeddings", False)
+    root = c.vocab_size * d * (1 if tied else 2) + d
+    return SimpleNamespace(d=d, f=c.intermediate_size, q=q, kv=kv, layers=layers, vocab=c.vocab_size, layer=layer,
+                           root=root, params=layers * layer + root, tied=tied)
+
+
+def act_bytes(s, bf16):
+    """Saved activation bytes per token of one decoder layer (measured, see the module docstring)."""
+    return 26 * s.d + 8 * s.f + 4 * s.q + 4 * s.kv if bf16 else 24 * s.d + 16 * s.f + 8 * s.q + 8 * s.kv
+
+
+def plan(args, script, world, config=None, reward_config=None, gpu=True):
+    """Bytes per process by component: a list of (name, bytes, phase) with phase 'train', 'generate' or 'both'.
+    `config` / `reward_config`: transformers configs (read from --model_name_or_path / --reward_model if None)."""
+    config = config or read_config(args.model_name_or_path, args)
+    if reward_config is None and is_model(args.reward_model) and (args.online or args.eval_prompts != "none"):
+        reward_config = read_config(args.reward_model, args)
+    s, W = shapes(config), world
+    bf16, head32 = args.precision == "bf16", getattr(args, "fp32_head", True)
+    b, bh = 2 if bf16 else 4, 4 if head32 or not bf16 else 2
+    extra = (getattr(args, "ref_free", "on") == "off") + (
+        script == "grpo" and args.kl_baseline == "initial" and (args.online or args.sync != "none"))
+    seqs = args.micro_batch_size * (1 if script == "grpo" else 2)  # DPO: chosen + rejected; KTO: + KL pairs
+    tokens = seqs * args.max_length
+    rows = [("weights, fp32, sharded" + (f" (policy + {extra} more)" if extra else ""), (1 + extra) * s.params * 4 / W,
+             "both"),
+            ("gradients, fp32, sharded", s.params * 4 / W, "train"),
+            ("AdamW moments, fp32, sharded", 8 * s.params / W, "both")]
+    if W > 1:
+        rows.append(("gathered: root in the head's dtype, two layers", s.root * bh + 2 * s.layer * b, "train"))
+    elif bf16:
+        rows.append(("autocast's bf16 copy of the weights", s.params * 2, "train"))
+    layer_act = act_bytes(s, bf16)
+    if args.gradient_checkpointing:
+        acts = tokens * (s.layers * s.d * (2 if bf16 and W > 1 else 4) + layer_act)
+    else:
+        acts = tokens * s.layers * layer_act
+    rows.append((f"activations: {seqs} x {args.max_length} tokens" + (", checkpointed" if args.gradient_checkpointing else ""),
+                 acts, "train"))
+    rows.append(("log-prob head: fp32 hidden states + one chunk of logits", tokens * s.d * 4 + 3 * CHUNK * s.vocab * 4,
+                 "train"))
+    n = (args.num_samples if hasattr(args, "num_samples") else args.num_generations) if args.online else 1
+    per_process = math.ceil(prompts_per_sampling(args, script) / W) if args.online else \
+        math.ceil(args.num_eval_prompts / W) if args.eval_prompts != "none" else 0
+    if per_process:
+        gen = min(max(1, args.generation_batch_size // n), per_process) * n
+        length = args.max_prompt_length + args.max_new_tokens
+        gathered = (s.params - s.root) * b + s.root * bh if W > 1 else s.params * 2 if bf16 else 0
+        rows += [("generation: the policy gathered" if W > 1 else "generation: autocast's bf16 weights", gathered, "generate"),
+                 (f"generation: KV cache, {gen} x {length} tokens", gen * length * 2 * s.layers * s.kv * b, "generate"),
+                 ("generation: next-token logits, fp32", gen * s.vocab * 4 * 3, "generate")]
+    if reward_config is not None:
+        r = shapes(reward_config)
+        rows += [("reward model, replicated", (r.params - r.vocab * r.d * (0 if r.tied else 1)) * b, "both"),
+                 (f"reward model forward: {args.reward_batch_size} sequences",
+                  args.reward_batch_size * args.max_length * (4 * r.d + 3 * r.f) * b, "generate")]
+    if gpu:
+        rows.append(("CUDA context and allocator slack", GIB, "both"))
+    return rows
+
+
+def peak(rows):
+    both = sum(v for _, v, p in rows if p == "both")
+    return both + max(sum(v for _, v, p in rows if p == phase) for phase in ("train", "generate"))
+
+
+def table(rows, gpu_gib=80):
+    """The plan as a table, with the peak and whether it fits a GPU of `gpu_gib`."""
+    out = [f"memory plan per process ({'phase':>8}): GiB"]
+    out += [f"  {name:<58} {phase:>8} {v / GIB:8.2f}" for name, v, phase in rows if v]
+    total = peak(rows) / GIB
+    out.append(f"  {'peak (the larger phase + both)':<58} {'':>8} {total:8.2f}"
+               + ("" if total <= gpu_gib else f"  > {gpu_gib} GiB: see --gradient_checkpointing, --micro_batch_size, "
+                  "--generation_batch_size"))
+    return "\n".join(out)
+
+
+def prompts_per_sampling(args, script):
+    """Prompts sampled at once: a round, or GRPO's --sample_every steps of groups."""
+    if script != "grpo" or args.pairs_from_samples:
+        return args.round_size
+    return args.sample_every * args.batch_size // args.num_generations
+
+
+def is_model(name):
+    builtin = ("toy", "toy_verify", "tag_count", "format", "accuracy")
+    return name not in builtin and not (":" in name and not os.path.exists(name))
+
+
+def read_config(name, args):
+    from transformers import AutoConfig
+
+    if name == "toy":
+        import toy_task
+
+        name = os.path.join(toy_task.INSTANCE_DIR, "model")
+    try:
+        return AutoConfig.from_pretrained(name, trust_remote_code=getattr(args, "trust_remote_code", False))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{name}: {str(e).strip().splitlines()[0]}") from None
