@@ -18,10 +18,12 @@ The README explains the memory options (`--ref_free`), the deviations and the pa
     python dpo_humanline.py --offline --humanline                      # the toy task on a CPU, about a minute
     # the paper's runs (its Table 3 settings; the other variants: README): offline, then online, + humanline
     torchrun --standalone --nproc_per_node 8 dpo_humanline.py --humanline --learning_rate 5e-6 --max_grad_norm 1.0 \\
-        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none
+        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
+        --micro_batch_size 4 --gradient_checkpointing
     torchrun --standalone --nproc_per_node 8 dpo_humanline.py --online --humanline --learning_rate 2.5e-6 --max_grad_norm 1.0 \\
         --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
-        --round_size 1024 --max_new_tokens 2048 --reward_model RLHFlow/ArmoRM-Llama3-8B-v0.1 --trust_remote_code
+        --round_size 1024 --max_new_tokens 2048 --reward_model RLHFlow/ArmoRM-Llama3-8B-v0.1 --trust_remote_code \\
+        --micro_batch_size 4 --gradient_checkpointing --max_length 2560 --generation_batch_size 64
 """
 
 import hashlib
@@ -77,7 +79,7 @@ class Args:
     # optimisation
     max_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
     batch_size: int = field(default=32, metadata={"help": "Preference pairs per optimizer step, over all processes."})
-    micro_batch_size: int = field(default=32, metadata={"help": "Pairs per forward pass per process."})
+    micro_batch_size: Optional[int] = field(default=None, metadata={"help": "Pairs per forward pass per process; unset: the batch's share."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward (8B: needed)."})
     learning_rate: float = field(default=5e-6, metadata={"help": "Peak learning rate (paper: 5e-6 offline, 2.5e-6 online)."})
     warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup fraction, then linear decay to 0."})
@@ -103,7 +105,7 @@ class Args:
     max_new_tokens: int = field(default=40, metadata={"help": "Longest sampled completion (paper: 2048)."})
     reward_threshold: float = field(default=0.01, metadata={"help": "tau: keep a pair only if best - worst >= tau."})
     generation_batch_size: int = field(default=512, metadata={"help": "Sequences per generate() call per process (KV cache)."})
-    reward_batch_size: int = field(default=64, metadata={"help": "Sequences per reward-model forward."})
+    reward_batch_size: int = field(default=16, metadata={"help": "Sequences per reward-model forward."})
     # evaluation, checkpoints, distributed
     eval_every: int = field(default=20, metadata={"help": "Evaluate at step 0 and every N steps (0: only at the end)."})
     num_eval_prompts: int = field(default=256, metadata={"help": "Held-out prompts per evaluation."})
@@ -341,6 +343,9 @@ def parse_args(Args, name, checks):
     fail(args.offline and args.online, "choose one of --offline and --online")
     args.offline = not args.online
     args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
+    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
+    if args.micro_batch_size is None:  # one forward per process and step
+        args.micro_batch_size = max(1, args.batch_size // world)
     for rule, ok, flags in (("at least 1", lambda v: v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
                              "round_size max_new_tokens generation_batch_size reward_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
                             ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
@@ -352,7 +357,6 @@ def parse_args(Args, name, checks):
     fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
     fail(args.online and args.max_prompt_length + args.max_new_tokens > args.max_length, "--max_prompt_length + --max_new_tokens "
          f"= {args.max_prompt_length + args.max_new_tokens} is above --max_length {args.max_length}: samples would be cut before training")
-    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
     fail(args.batch_size % (args.micro_batch_size * world), f"--batch_size {args.batch_size} must be a multiple of "
          f"--micro_batch_size x processes = {args.micro_batch_size} x {world}")
     args.precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
@@ -371,7 +375,8 @@ def parse_args(Args, name, checks):
         rows = memory_plan.plan(args, name, world, gpu=args.plan_only or torch.cuda.is_available())
         print(memory_plan.table(rows) if args.plan_only else f"memory plan: {memory_plan.peak(rows) / 2**30:.2f} GiB "
               "per process at the peak (--plan_only: the details)")
-    fail(args.plan_only, "--plan_only: nothing loaded, nothing trained")
+    if args.plan_only:
+        sys.exit(0)
     return args
 
 
@@ -414,7 +419,7 @@ def setup(args):
         torch.cuda.set_device(device)
     set_seed(stream_seed(args.seed, "init", rank))
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # of the compute; weights stay fp32
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16 and not distributed)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
     return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast, dtype=dtype,
                            head_dtype=torch.float32 if args.fp32_head else dtype)
 
@@ -460,18 +465,25 @@ def load_model(args, toy, rt):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        # layers compute in --precision under autocast, the residual stream in fp32 (inputs not cast), as on one GPU;
+        # norm weights stay fp32: near 1, in bf16 they move in steps of 0.008, a thousand updates at 5e-6, so the
+        # reference and the policy would differ by rounding rather than by training
+        layer, fp32 = (MixedPrecisionPolicy(dtype, torch.float32, cast_forward_inputs=False) for dtype in (rt.dtype, torch.float32))
         for module in model.modules():
             if type(module).__name__ in (model._no_split_modules or []):
-                fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=rt.dtype, reduce_dtype=torch.float32))
-        fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=rt.head_dtype, reduce_dtype=torch.float32))
-        model.to_empty(device=rt.device)
+                for norm in [m for m in module.modules() if "Norm" in type(m).__name__ and rt.dtype != torch.float32]:
+                    fully_shard(norm, mp_policy=fp32)
+                fully_shard(module, mp_policy=layer)
+        fully_shard(model, mp_policy=MixedPrecisionPolicy(rt.head_dtype, torch.float32))
         full = pretrained(AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
-        set_model_state_dict(model, full.state_dict() if full else {},
+        set_model_state_dict(model, full.state_dict() if full else {},  # one tensor at a time, each cut to its shard
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        for key, buffer in model.named_buffers():  # the buffers outside the state dict (e.g. rotary frequencies)
-            if full:
-                buffer.copy_(full.get_buffer(key))
-            dist.broadcast(buffer, src=0)
+        for key, buffer in list(model.named_buffers()):  # still on meta: those outside the state dict (rotary's)
+            if buffer.is_meta:
+                value = full.get_buffer(key).to(rt.device) if full else torch.empty_like(buffer, device=rt.device)
+                dist.broadcast(value, src=0)
+                module, _, attr = key.rpartition(".")
+                model.get_submodule(module).register_buffer(attr, value, persistent=False)
     return model
 
 

@@ -19,7 +19,8 @@ What it counts, per process (W processes, P parameters, FSDP2 shards the fp32 st
   generate call (--generation_batch_size sequences of --max_prompt_length + --max_new_tokens) and its fp32
   next-token logits, beside the sharded states (gradients are freed by then);
 - a reward model, replicated on every process in --precision, and its forward on --reward_batch_size sequences.
-The peak is the larger of the training and the generation phase, plus the reward model, plus 1 GiB for the CUDA
+The peak is the largest of the training, generation and scoring phases, plus what all keep (sharded states, the
+reward model's weights), plus 1 GiB for the CUDA
 context on a GPU. It is an estimate: the tests hold it within 20% of peaks measured on a CPU.
 """
 
@@ -51,7 +52,7 @@ def act_bytes(s, bf16):
 
 
 def plan(args, script, world, config=None, reward_config=None, gpu=True):
-    """Bytes per process by component: a list of (name, bytes, phase) with phase 'train', 'generate' or 'both'.
+    """Bytes per process by component: a list of (name, bytes, phase), phase 'train', 'generate', 'score' or 'both'.
     `config` / `reward_config`: transformers configs (read from --model_name_or_path / --reward_model if None)."""
     config = config or read_config(args.model_name_or_path, args)
     if reward_config is None and is_model(args.reward_model) and (args.online or args.eval_prompts != "none"):
@@ -94,7 +95,7 @@ def plan(args, script, world, config=None, reward_config=None, gpu=True):
         r = shapes(reward_config)
         rows += [("reward model, replicated", (r.params - r.vocab * r.d * (0 if r.tied else 1)) * b, "both"),
                  (f"reward model forward: {args.reward_batch_size} sequences",
-                  args.reward_batch_size * args.max_length * (4 * r.d + 3 * r.f) * b, "generate")]
+                  args.reward_batch_size * args.max_length * (4 * r.d + 3 * r.f) * b, "score")]
     if gpu:
         rows.append(("CUDA context and allocator slack", GIB, "both"))
     return rows
@@ -102,7 +103,7 @@ def plan(args, script, world, config=None, reward_config=None, gpu=True):
 
 def peak(rows):
     both = sum(v for _, v, p in rows if p == "both")
-    return both + max(sum(v for _, v, p in rows if p == phase) for phase in ("train", "generate"))
+    return both + max(sum(v for _, v, p in rows if p == phase) for phase in ("train", "generate", "score"))
 
 
 def table(rows, gpu_gib=80):

@@ -20,9 +20,10 @@ from unittest import mock
 import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
+from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 import dpo_humanline
+import memory_plan
 import grpo_humanline
 import kto_humanline
 
@@ -291,7 +292,8 @@ TABLE_3 = {("dpo", False, False): (5e-6, 1.0), ("dpo", False, True): (5e-6, 1.0)
 
 
 def commands():
-    """Every command line that runs one of the scripts, in the docstrings and in the README's code blocks."""
+    """Every command line that runs one of the scripts, in the docstrings and in the README's code blocks:
+    (where, script, its flags, the process count torchrun gives it)."""
     texts = [(f"{n}_humanline.py docstring", m.__doc__) for n, m in SCRIPTS.items()]
     with open(os.path.join(ROOT, "README.md")) as f:
         texts += [("README.md", block) for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", f.read(), re.S)]
@@ -301,12 +303,24 @@ def commands():
             words = shlex.split(re.split(r"\s#", line)[0].strip()) if "_humanline.py" in line else []
             script = next((w for w in words if re.fullmatch(r"(dpo|kto|grpo)_humanline\.py", w)), None)
             if script and not any(w.startswith(("$", "<")) or w == "--help" for w in words):
-                found.append((where, script.split("_")[0], words[words.index(script) + 1:]))
+                i = words.index(script)
+                nproc = int(words[words.index("--nproc_per_node") + 1]) if "--nproc_per_node" in words[:i] else 1
+                found.append((where, script.split("_")[0], words[i + 1:], nproc))
     return found
 
 
-def parsed(algo, argv):
-    """The args main() would train with: the script's own parser and checks, stopped before anything loads."""
+def local_config(name, args):
+    """The paper's models' config.json files, kept in tests/configs (the hub is not reachable here)."""
+    path = os.path.join(ROOT, "tests", "configs", name.replace("/", "--") + ".json")
+    return AutoConfig.from_pretrained(path) if os.path.exists(path) else READ_CONFIG(name, args)
+
+
+READ_CONFIG = memory_plan.read_config
+
+
+def parsed(algo, argv, world=1):
+    """The args main() would train with on `world` processes: the script's own parser and checks (the memory plan
+    included, from the configs alone), stopped before anything loads."""
     module = SCRIPTS[algo]
 
     class Parsed(Exception):
@@ -315,23 +329,36 @@ def parsed(algo, argv):
     def stop(args):
         raise Parsed(args)
 
-    with mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]), mock.patch.object(module, "setup", stop):
+    with mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]), mock.patch.object(module, "setup", stop), \
+            mock.patch.dict(os.environ, {"WORLD_SIZE": str(world)}), mock.patch.object(memory_plan, "read_config", local_config), \
+            contextlib.redirect_stdout(io.StringIO()):
         with pytest.raises(Parsed) as got:
             module.main()
     return got.value.args[0]
 
 
-def test_every_documented_command_parses_and_the_papers_runs_carry_table_3():
+def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_papers_runs_carry_table_3():
     found = commands()
-    assert {a for _, a, _ in found} == {"dpo", "kto", "grpo"} and len(found) >= 12
+    assert {a for _, a, _, _ in found} == {"dpo", "kto", "grpo"} and len(found) >= 12
     papers = set()
-    for where, algo, argv in found:
+    for where, algo, argv, world in found:
         try:
-            args = parsed(algo, argv)
+            args = parsed(algo, argv, world)
         except SystemExit as e:
-            pytest.fail(f"{where}: {algo} {' '.join(argv)}: {e.code}")
+            pytest.fail(f"{where}: {algo} on {world} processes: {' '.join(argv)}: {e.code}")
         if "meta-llama/Meta-Llama-3-8B-Instruct" in argv:  # one of the paper's instruction-following runs
             key = (algo, args.online, args.humanline)
             assert (args.learning_rate, args.max_grad_norm) == TABLE_3[key], f"{where}: {' '.join(argv)}"
             papers.add(key)
+        if world > 1:  # a GPU run: it fits an 80 GB GPU by the plan, in bf16
+            args.precision = "bf16"
+            with mock.patch.object(memory_plan, "read_config", local_config):
+                rows = memory_plan.plan(args, algo, world)
+            assert memory_plan.peak(rows) <= 80 * 2**30, f"{where}: {' '.join(argv)}\n{memory_plan.table(rows)}"
     assert {k for k in TABLE_3 if k[0] != "grpo"} <= papers
+
+
+def test_a_batch_the_processes_do_not_divide_stops_at_start_up_naming_the_flags():
+    with pytest.raises(SystemExit) as stopped:
+        parsed("dpo", ["--batch_size", "32", "--micro_batch_size", "32"], world=8)
+    assert stopped.value.code == "--batch_size 32 must be a multiple of --micro_batch_size x processes = 32 x 8"
