@@ -79,8 +79,8 @@ def plan(args, script, world, config=None, reward_config=None, gpu=True):
         acts = tokens * s.layers * layer_act
     rows.append((f"activations: {seqs} x {args.max_length} tokens" + (", checkpointed" if args.gradient_checkpointing else ""),
                  acts, "train"))
-    rows.append(("log-prob head: fp32 hidden states + one chunk of logits", tokens * s.d * 4 + 3 * CHUNK * s.vocab * 4,
-                 "train"))
+    rows.append(("log-prob head: fp32 hidden states + one chunk of logits",
+                 tokens * s.d * 4 + 3 * min(CHUNK, tokens) * s.vocab * 4, "train"))
     n = (args.num_samples if hasattr(args, "num_samples") else args.num_generations) if args.online else 1
     per_process = math.ceil(prompts_per_sampling(args, script) / W) if args.online else \
         math.ceil(args.num_eval_prompts / W) if args.eval_prompts != "none" else 0

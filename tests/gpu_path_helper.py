@@ -146,6 +146,7 @@ def peak(shape_json, out):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     shape = json.loads(shape_json)
+    torch.set_num_threads(2)
     torch.manual_seed(0)
     config = LlamaConfig(**shape["config"])
     flags = shape["flags"]

@@ -1,0 +1,277 @@
+"""The GPU code paths, shown on a CPU (no GPU has run this code): log-probs without (batch, seq, vocab) logits,
+activation checkpointing, sharded gradients, loading on one process, one all-gather per shard group per generate
+call, the bf16 dtype chain and humanline's log-ratio under it, reward-model batches, checkpoints in the model's
+dtype, and the memory plan against measured peaks. tests/test_cuda.py runs the scripts on a GPU when there is one."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+                          LlamaForSequenceClassification)
+
+import dpo_humanline as dpo
+import memory_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HELPER = os.path.join(ROOT, "tests", "gpu_path_helper.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def old_token_logps(model, input_ids, attention_mask, loss_mask):
+    """The computation token_logps replaced: the full (batch, seq, vocab) logits, copied to fp32."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    return (logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)) * loss_mask[:, 1:]
+
+
+def toy_batch(toy, n=8):
+    tok = AutoTokenizer.from_pretrained(toy.model)
+    with open(toy.offline["strong"]) as f:
+        rows = [json.loads(line) for line in f][:n]
+    seqs = [(tok(r["prompt"])["input_ids"], tok(r[c] + tok.eos_token, add_special_tokens=False)["input_ids"])
+            for r in rows for c in ("chosen", "rejected")]
+    return dpo.collate(seqs, tok.pad_token_id, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("chunk", [1024, 7])
+def test_token_logps_equal_the_full_vocabulary_log_softmax_and_its_gradient(toy, chunk):
+    model = AutoModelForCausalLM.from_pretrained(toy.model)
+    ids, attn, mask = toy_batch(toy)
+    new = dpo.token_logps(model, ids, attn, mask, chunk=chunk)
+    (new * torch.arange(new.shape[1])).sum().backward()  # a weighted sum: every position's gradient counts
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    old = old_token_logps(model, ids, attn, mask)
+    (old * torch.arange(old.shape[1])).sum().backward()
+    assert new.dtype == torch.float32 and new.shape == old.shape
+    assert torch.equal(new == 0, old == 0)  # zero exactly off the completions
+    assert (new - old).abs().max() <= 1e-6 * old.abs().max()  # within 1e-6 of today's, relative to the log-probs
+    # the gradients: the same sums in another order (chunks of rows), so equal to fp32 rounding of their scale
+    assert all((g - p.grad).abs().max() <= 5e-6 * p.grad.abs().max() for g, p in zip(grads, model.parameters()))
+
+
+def saved_tensors(fn):
+    """The tensors autograd keeps for the backward of fn(), parameters left out: [(shape, dtype)]."""
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+        fn()
+    return seen
+
+
+def small_llama(vocab=4096, layers=2, tied=False, **kw):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied, **kw)
+    return LlamaForCausalLM(config).train(), config
+
+
+def test_the_log_prob_step_keeps_no_fp32_tensor_with_a_vocabulary_axis_per_position():
+    model, config = small_llama()
+    B, S = 4, 96
+    ids = torch.randint(0, config.vocab_size, (B, S))
+    mask = torch.zeros(B, S)
+    mask[:, 32:] = 1  # the completions
+    params = {p.data_ptr() for p in model.parameters()}
+
+    def big(fn):  # saved tensors of at least one position x the vocabulary, the weights left out
+        return [t.shape for t in saved_tensors(fn) if t.data_ptr() not in params and t.numel() >= 32 * config.vocab_size]
+
+    assert big(lambda: dpo.token_logps(model, ids, torch.ones_like(ids), mask, chunk=16)) == []
+    assert (B, S - 1, config.vocab_size) in big(lambda: old_token_logps(model, ids, torch.ones_like(ids), mask))
+
+
+def bytes_per_token(model, tokens=512):
+    ids = torch.randint(0, model.config.vocab_size, (2, tokens // 2))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved_tensors(
+        lambda: model(input_ids=ids, use_cache=False, output_hidden_states=True, logits_to_keep=1))}
+    return sum(n for ptr, n in storages.items() if ptr not in params) / tokens
+
+
+def test_activation_checkpointing_keeps_each_layers_input_not_its_activations_as_the_plan_counts():
+    """Saved bytes per token, measured on 2 and 6 layers (the difference is 4 layers' worth), against the memory
+    plan's per-layer figure: all of a layer's saved tensors without checkpointing, its input (d fp32) with it."""
+    shape = dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=2, vocab_size=512)
+    per_layer = {}
+    for checkpointing in (False, True):
+        measured = []
+        for layers in (2, 6):
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **shape)).train()
+            if checkpointing:
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            measured.append(bytes_per_token(model))
+        per_layer[checkpointing] = (measured[1] - measured[0]) / 4
+    s = memory_plan.shapes(LlamaConfig(num_hidden_layers=1, **shape))
+    assert per_layer[False] == pytest.approx(memory_plan.act_bytes(s, bf16=False), rel=0.05)
+    assert per_layer[True] == pytest.approx(s.d * 4, rel=0.05)  # the layer's input, fp32
+    assert per_layer[False] > 10 * per_layer[True]
+
+
+@pytest.fixture(scope="module")
+def fsdp_results(tmp_path_factory):
+    """One 2-process FSDP2 run (gloo) of tests/gpu_path_helper.py on a 63M-parameter untied Llama."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=8000, hidden_size=512, intermediate_size=1536, num_hidden_layers=16,
+                         num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False, pad_token_id=0,
+                         eos_token_id=1, max_position_embeddings=256)
+    LlamaForCausalLM(config).save_pretrained(tmp / "model")
+    AutoTokenizer.from_pretrained(os.path.join(ROOT, "toy", "model")).save_pretrained(tmp / "model")
+    proc = subprocess.run([*TORCHRUN, HELPER, "fsdp", str(tmp / "model"), str(tmp / "out.json")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((tmp / f"out.json.rank{r}").read_text()) for r in (0, 1)]
+
+
+def test_one_process_reads_the_weights_and_the_others_receive_only_their_shards(fsdp_results):
+    rank0, rank1 = fsdp_results
+    assert rank0["model_bytes"] > 240e6 and rank0["loaded_equal"]  # 63M fp32 parameters, equal to from_pretrained's
+    shard = rank1["shard_bytes"]
+    assert rank0["load_rss_growth"] > rank0["model_bytes"]  # it read the file and held the whole model once
+    # the other process: its shard and one tensor in flight at a time, never the model
+    assert rank1["load_rss_growth"] < shard + rank1["largest_bytes"] + 48 * 2**20
+    assert rank1["load_rss_growth"] < 0.75 * rank1["model_bytes"]
+
+
+def test_gradients_accumulate_sharded_across_micro_batches(fsdp_results):
+    for r in fsdp_results:
+        assert r["grad_bytes"] == r["shard_bytes"] == r["model_bytes"] / 2
+
+
+def test_generate_gathers_each_shard_group_once_per_call_whatever_the_length(fsdp_results):
+    for r in fsdp_results:
+        assert r["all_gathers_4"] == r["all_gathers_16"] <= r["units"] + 1
+        assert r["all_gathers_train_step"] > 2 * r["units"]  # training after it: resharded, gathered layer by layer
+
+
+def test_the_bf16_path_keeps_what_humanline_reads_in_fp32(fsdp_results):
+    for r in fsdp_results:
+        d = r["bf16_dtypes"]
+        assert (d["logps"], d["ref_logps"], d["loss"]) == ("torch.float32",) * 3
+        assert d["params"] == d["grads"] == d["adam"] == ["torch.float32"]
+
+
+@pytest.fixture(scope="module")
+def untied_toy(tmp_path_factory, toy):
+    """The toy policy with its head untied from the embeddings (the paper's Llama-3-8B has an untied head)."""
+    out = tmp_path_factory.mktemp("untied")
+    model = AutoModelForCausalLM.from_pretrained(toy.model)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(toy.model).save_pretrained(out)
+    return out
+
+
+def test_under_bf16_the_log_ratio_humanline_trains_on_stays_near_the_fp32_one(untied_toy, tmp_path):
+    """Two processes, offline + humanline GRPO (k = 1): the step-2 mean |token log-ratio| (policy after one update
+    against the reference before it, ~1e-3) in bf16 against fp32. The fp32 head, norm weights and residual stream
+    keep it within 25%; a bf16 head puts rounding noise into it (measured: 1.2x and 1.8x)."""
+    def abs_log_ratio(*flags):
+        out = tmp_path / "-".join(flags)
+        proc = subprocess.run([*TORCHRUN, "grpo_humanline.py", "--offline", "--humanline", "--model_name_or_path",
+                               str(untied_toy), "--max_steps", "2", "--batch_size", "16", "--eval_prompts", "none",
+                               "--save_every", "0", *flags, "--output_dir", str(out)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with open(out / "metrics.jsonl") as f:
+            return [json.loads(line)["ratio/abs_log"] for line in f][1]
+
+    fp32, bf16, bf16_head = (abs_log_ratio("--precision", *p) for p in (["fp32"], ["bf16"], ["bf16", "--no_fp32_head"]))
+    assert 1e-4 < fp32 < 1e-2
+    assert bf16 == pytest.approx(fp32, rel=0.25)
+    assert bf16_head > 1.5 * fp32
+
+
+def test_reward_models_score_in_batches_and_running_out_of_memory_names_the_flag(tmp_path, toy):
+    torch.manual_seed(0)
+    rm = LlamaForSequenceClassification(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
+                                                    num_hidden_layers=1, num_attention_heads=2, num_labels=1,
+                                                    pad_token_id=0))
+    rm.save_pretrained(tmp_path / "rm")
+    AutoTokenizer.from_pretrained(toy.model).save_pretrained(tmp_path / "rm")
+    args = dpo.Args(reward_batch_size=3)
+    rt = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, autocast=torch.autocast("cpu", enabled=False))
+    score = dpo.make_scorer(str(tmp_path / "rm"), args, rt)
+    real, sizes = LlamaForSequenceClassification.forward, []
+
+    def counting(self, input_ids=None, **kw):
+        sizes.append(len(input_ids))
+        return real(self, input_ids=input_ids, **kw)
+
+    with mock.patch.object(LlamaForSequenceClassification, "forward", counting):
+        scores = score(["1+1="] * 7, ["2"] * 7)
+    assert sizes == [3, 3, 1] and len(scores) == 7 and all(math.isfinite(s) for s in scores)
+    with mock.patch.object(LlamaForSequenceClassification, "forward", side_effect=torch.OutOfMemoryError("CUDA")):
+        with pytest.raises(SystemExit) as stopped:  # not a bad sample to retry one at a time: a one-line stop
+            dpo.score_samples("rm", score, ["1+1="] * 7, ["2"] * 7, {})
+    assert stopped.value.code == f"{tmp_path / 'rm'}: out of memory scoring 3 sequences at once; lower --reward_batch_size"
+
+
+def test_generate_calls_hold_at_most_generation_batch_size_sequences(toy):
+    model = AutoModelForCausalLM.from_pretrained(toy.model)
+    tok = AutoTokenizer.from_pretrained(toy.model)
+    args = dpo.Args(generation_batch_size=8, max_new_tokens=4)
+    real, sizes = LlamaForCausalLM.generate, []
+
+    def counting(self, input_ids=None, num_return_sequences=1, **kw):
+        sizes.append(len(input_ids) * num_return_sequences)
+        return real(self, input_ids=input_ids, num_return_sequences=num_return_sequences, **kw)
+
+    with mock.patch.object(LlamaForCausalLM, "generate", counting):
+        out, _ = dpo.generate(model, tok, [tok("12+34=")["input_ids"]] * 10, 4, args, greedy=False, seed=0)
+    assert len(out) == 40 and sizes == [8] * 5
+
+
+def test_checkpoints_are_written_in_the_models_dtype_rotated_and_the_final_model_written_once(tmp_path, toy):
+    bf16 = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(toy.model, dtype=torch.bfloat16).save_pretrained(bf16)
+    AutoTokenizer.from_pretrained(toy.model).save_pretrained(bf16)
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "dpo_humanline.py", "--model_name_or_path", str(bf16), "--max_steps", "3",
+                           "--batch_size", "8", "--eval_prompts", "none", "--save_every", "1", "--save_total_limit", "2",
+                           "--output_dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    assert os.path.samefile(out / "model.safetensors", out / "checkpoint-3" / "model.safetensors")  # one write
+    trained = AutoModelForCausalLM.from_pretrained(out)
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(),
+                                                      AutoModelForCausalLM.from_pretrained(bf16).parameters()))
+
+
+PEAK_SHAPES = {  # Llama shapes and the flags of a DPO step: ~45M parameters, 512-768 tokens per forward
+    "untied, 8 layers": (dict(vocab_size=16000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                              num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False),
+                         dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=False)),
+    "GQA, checkpointed": (dict(vocab_size=8000, hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
+                               num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False),
+                          dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=True)),
+    "tied, wide MLP": (dict(vocab_size=8000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
+                            num_attention_heads=16, num_key_value_heads=16, tie_word_embeddings=True),
+                       dict(batch_size=2, micro_batch_size=2, max_length=192, gradient_checkpointing=False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PEAK_SHAPES))
+def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, tmp_path):
+    """Two fp32 DPO steps on a CPU, in a fresh process: the peak resident memory above what the process held before
+    the model was built, against the plan's training phase (weights, gradients, AdamW, activations, head). glibc's
+    malloc keeps a fixed mmap threshold, so that freed tensors leave the resident set as they would leave a GPU."""
+    config, flags = PEAK_SHAPES[name]
+    shape = json.dumps({"config": config, "flags": {**flags, "precision": "fp32"}})
+    proc = subprocess.run([sys.executable, HELPER, "peak", shape, str(tmp_path / "out.json")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["planned"] == pytest.approx(got["measured"], rel=0.2), got
