@@ -559,6 +559,7 @@ def load_model(args, toy, rt):
         full = pretrained(AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
         set_model_state_dict(model, full.state_dict() if full else {},  # one tensor at a time, each cut to its shard
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        model.tie_weights()  # the loaded tensors were assigned one per name: tied ones are one parameter again
         for key, buffer in list(model.named_buffers()):  # still on meta: those outside the state dict (rotary's)
             if buffer.is_meta:
                 value = full.get_buffer(key).to(rt.device) if full else torch.empty_like(buffer, device=rt.device)

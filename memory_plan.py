@@ -51,12 +51,14 @@ def act_bytes(s, bf16):
     return 26 * s.d + 8 * s.f + 4 * s.q + 4 * s.kv if bf16 else 24 * s.d + 16 * s.f + 8 * s.q + 8 * s.kv
 
 
-def plan(args, script, world, config=None, reward_config=None, gpu=True):
+def plan(args, script, world, config=None, gpu=True):
     """Bytes per process by component: a list of (name, bytes, phase), phase 'train', 'generate', 'score' or 'both'.
-    `config` / `reward_config`: transformers configs (read from --model_name_or_path / --reward_model if None)."""
+    `config`: the policy's transformers config (read from --model_name_or_path if None)."""
     config = config or read_config(args.model_name_or_path, args)
-    if reward_config is None and is_model(args.reward_model) and (args.online or args.eval_prompts != "none"):
-        reward_config = read_config(args.reward_model, args)
+    scorers = {args.reward_model} if args.eval_prompts != "none" else set()
+    if args.online:  # GRPO samples with --reward_funcs, DPO and KTO with --reward_model
+        scorers |= set((getattr(args, "reward_funcs", "") or args.reward_model).split(","))
+    reward_configs = [read_config(name, args) for name in sorted(scorers) if is_model(name)]
     s, W = shapes(config), world
     bf16, head32 = args.precision == "bf16", getattr(args, "fp32_head", True)
     b, bh = 2 if bf16 else 4, 4 if head32 or not bf16 else 2
@@ -91,7 +93,7 @@ def plan(args, script, world, config=None, reward_config=None, gpu=True):
         rows += [("generation: the policy gathered" if W > 1 else "generation: autocast's bf16 weights", gathered, "generate"),
                  (f"generation: KV cache, {gen} x {length} tokens", gen * length * 2 * s.layers * s.kv * b, "generate"),
                  ("generation: next-token logits, fp32", gen * s.vocab * 4 * 3, "generate")]
-    if reward_config is not None:
+    for reward_config in reward_configs:
         r = shapes(reward_config)
         rows += [("reward model, replicated", (r.params - r.vocab * r.d * (0 if r.tied else 1)) * b, "both"),
                  (f"reward model forward: {args.reward_batch_size} sequences",

@@ -242,7 +242,7 @@ def test_the_reward_model_scores_the_template_once_with_one_bos_and_a_pad_token(
     rm.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     args = args_for(dpo_humanline, reward_model=str(tmp_path))
-    score = dpo_humanline.make_scorer(str(tmp_path), args, SimpleNamespace(device=torch.device("cpu")))
+    score = dpo_humanline.make_scorer(str(tmp_path), args, SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32))
     prompts, completions = [[user("What is 1 plus 1?")], [user("Hi")]], ["It is 2.", "Hello there, how are you today?"]
     got = score(prompts, completions)
     for p, c, g in zip(prompts, completions, got):
@@ -362,3 +362,31 @@ def test_a_batch_the_processes_do_not_divide_stops_at_start_up_naming_the_flags(
     with pytest.raises(SystemExit) as stopped:
         parsed("dpo", ["--batch_size", "32", "--micro_batch_size", "32"], world=8)
     assert stopped.value.code == "--batch_size 32 must be a multiple of --micro_batch_size x processes = 32 x 8"
+
+
+def plan_table():
+    """The README's table of the memory plan per GPU for each of the paper's documented runs (8 processes, bf16)."""
+    lines = ["| run (README command) | sharded states | + training | + generation | + scoring | peak per GPU (GiB) |",
+             "|---|---|---|---|---|---|"]
+    seen = set()
+    for where, algo, argv, world in commands():
+        if world < 8 or where != "README.md":
+            continue
+        args = parsed(algo, argv, world)
+        args.precision = "bf16"
+        name = f"{algo.upper()} {'online' if args.online else 'offline'}{' + humanline' if args.humanline else ''}"
+        if name in seen:
+            continue
+        seen.add(name)
+        with mock.patch.object(memory_plan, "read_config", local_config):
+            rows = memory_plan.plan(args, algo, world)
+        phase = {p: sum(v for _, v, q in rows if q == p) / 2**30 for p in ("both", "train", "generate", "score")}
+        lines.append(f"| {name} | {phase['both']:.1f} | {phase['train']:.1f} | {phase['generate']:.1f} | "
+                     f"{phase['score']:.1f} | {memory_plan.peak(rows) / 2**30:.1f} |")
+    return lines
+
+
+def test_the_readme_gives_the_memory_plan_of_each_of_the_papers_runs():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read().splitlines()
+    assert all(line in readme for line in plan_table()), "\n".join(plan_table())

@@ -1,0 +1,53 @@
+"""The scripts on CUDA GPUs: skipped without one. No GPU has run this project's code yet; the first machine with
+one checks the GPU path with `python -m pytest tests/test_cuda.py` (tests/test_gpu_path.py shows the same code paths
+on a CPU)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+FEW = ["--max_steps", "3", "--batch_size", "8", "--eval_every", "3", "--num_eval_prompts", "16", "--save_every", "0",
+       "--precision", "bf16"]
+RUNS = {"dpo offline + humanline": ("dpo_humanline.py", ["--humanline"]),
+        "dpo online + humanline": ("dpo_humanline.py", ["--online", "--humanline", "--round_size", "32"]),
+        "kto offline + humanline": ("kto_humanline.py", ["--humanline"]),
+        "grpo offline + humanline": ("grpo_humanline.py", ["--humanline", "--gradient_checkpointing"]),
+        "grpo online, off-policy + humanline": ("grpo_humanline.py", ["--online", "--humanline", "--sample_every", "2"])}
+
+
+def run(script, flags, out, nproc=1):
+    launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                    "--nproc_per_node", str(nproc)]
+    proc = subprocess.run([*launcher, script, *FEW, *flags, "--output_dir", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in steps)
+    assert all(0 < r["perf/peak_memory_gib"] < torch.cuda.get_device_properties(0).total_memory / 2**30 for r in steps)
+    assert any("eval/reward" in r for r in records) and (out / "model.safetensors").exists()
+    return steps
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_each_mode_trains_in_bf16_on_one_gpu(name, tmp_path):
+    run(*RUNS[name], tmp_path / "out")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_each_mode_trains_with_fsdp2_on_two_gpus_like_one(name, tmp_path):
+    """NCCL, bf16 mixed precision: the first step (reference = policy, nothing sampled differently) matches one GPU's
+    to bf16's tolerance."""
+    one = run(*RUNS[name], tmp_path / "one")
+    two = run(*RUNS[name], tmp_path / "two", nproc=2)
+    assert two[0]["loss"] == pytest.approx(one[0]["loss"], rel=0.05, abs=1e-3)
