@@ -305,7 +305,8 @@ def main():
             ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
             with rt.autocast:
                 with torch.no_grad():
-                    ref_logps = token_logps(ref, ids, attn, mask, rt.head_dtype) if ref is not None else ahead[micro].to(rt.device)
+                    ref_logps = (token_logps(ref, ids, attn, mask, rt.head_dtype) if ref is not None
+                                 else ahead[micro].to(rt.device))
                 policy_logps = token_logps(policy, ids, attn, mask, rt.head_dtype)
             mask = mask[:, 1:]
             bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
@@ -355,8 +356,9 @@ def parse_args(Args, name, checks):
             fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
     fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}")
     fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
-    fail(args.online and args.max_prompt_length + args.max_new_tokens > args.max_length, "--max_prompt_length + --max_new_tokens "
-         f"= {args.max_prompt_length + args.max_new_tokens} is above --max_length {args.max_length}: samples would be cut before training")
+    fail(args.online and args.max_prompt_length + args.max_new_tokens > args.max_length, "--max_prompt_length + "
+         f"--max_new_tokens = {args.max_prompt_length + args.max_new_tokens} is above --max_length {args.max_length}: "
+         "samples would be cut before training")
     fail(args.batch_size % (args.micro_batch_size * world), f"--batch_size {args.batch_size} must be a multiple of "
          f"--micro_batch_size x processes = {args.micro_batch_size} x {world}")
     args.precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
@@ -372,9 +374,7 @@ def parse_args(Args, name, checks):
         mode += f"-sync_{args.sync}-clip_{args.clip}"
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}-seed{args.seed}")
     if args.plan_only or int(os.environ.get("RANK", 0)) == 0:  # the memory per process, from the configs alone
-        rows = memory_plan.plan(args, name, world, gpu=args.plan_only or torch.cuda.is_available())
-        print(memory_plan.table(rows) if args.plan_only else f"memory plan: {memory_plan.peak(rows) / 2**30:.2f} GiB "
-              "per process at the peak (--plan_only: the details)")
+        print(memory_plan.report(args, name, world, details=args.plan_only))
     if args.plan_only:
         sys.exit(0)
     return args
@@ -420,8 +420,8 @@ def setup(args):
     set_seed(stream_seed(args.seed, "init", rank))
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # of the compute; weights stay fp32
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
-    return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast, dtype=dtype,
-                           head_dtype=torch.float32 if args.fp32_head else dtype)
+    return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast,
+                           dtype=dtype, head_dtype=torch.float32 if args.fp32_head else dtype)
 
 
 def load_tokenizer(args):
@@ -441,9 +441,8 @@ def pretrained(cls, name, args, **kwargs):
 
 def load_model(args, toy, rt):
     """The policy (or a copy for the reference): fp32 weights, dropout off unless --keep_dropout (with k = 1 the
-    log-ratio of two consecutive policies would be mostly dropout noise). With several processes FSDP2: each decoder
-    layer a shard group computing in --precision, the root (embeddings, final norm, head) in the head's dtype; only
-    rank 0 reads the weights, the others build on the meta device and receive their shards from it."""
+    log-ratio of two consecutive policies would be mostly dropout noise). With several processes FSDP2, each decoder
+    layer a shard group; rank 0 reads the weights, the others build on the meta device and receive their shards."""
     name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
     config = pretrained(AutoConfig, name, args)
     for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):  # token_logps applies the head alone
@@ -452,7 +451,8 @@ def load_model(args, toy, rt):
         model = pretrained(AutoModelForCausalLM, name, args, dtype=torch.float32).to(rt.device)
     else:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=args.trust_remote_code)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                     trust_remote_code=args.trust_remote_code)
     model.export_dtype = config.dtype or torch.float32  # checkpoints are written in the model's own dtype
     for module in model.modules() if not args.keep_dropout else ():
         if isinstance(module, torch.nn.Dropout):
@@ -464,11 +464,10 @@ def load_model(args, toy, rt):
     if rt.distributed:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        # layers compute in --precision under autocast, the residual stream in fp32 (inputs not cast), as on one GPU;
-        # norm weights stay fp32: near 1, in bf16 they move in steps of 0.008, a thousand updates at 5e-6, so the
-        # reference and the policy would differ by rounding rather than by training
-        layer, fp32 = (MixedPrecisionPolicy(dtype, torch.float32, cast_forward_inputs=False) for dtype in (rt.dtype, torch.float32))
+        # layers compute in --precision under autocast with the residual stream in fp32, as on one GPU; norm weights
+        # stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference would differ by rounding, not training)
+        layer, fp32 = (MixedPrecisionPolicy(dtype, torch.float32, cast_forward_inputs=False)
+                       for dtype in (rt.dtype, torch.float32))
         for module in model.modules():
             if type(module).__name__ in (model._no_split_modules or []):
                 for norm in [m for m in module.modules() if "Norm" in type(m).__name__ and rt.dtype != torch.float32]:
@@ -479,12 +478,11 @@ def load_model(args, toy, rt):
         set_model_state_dict(model, full.state_dict() if full else {},  # one tensor at a time, each cut to its shard
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         model.tie_weights()  # the loaded tensors were assigned one per name: tied ones are one parameter again
-        for key, buffer in list(model.named_buffers()):  # still on meta: those outside the state dict (rotary's)
-            if buffer.is_meta:
-                value = full.get_buffer(key).to(rt.device) if full else torch.empty_like(buffer, device=rt.device)
-                dist.broadcast(value, src=0)
-                module, _, attr = key.rpartition(".")
-                model.get_submodule(module).register_buffer(attr, value, persistent=False)
+        for key, buffer in [(k, b) for k, b in model.named_buffers() if b.is_meta]:  # outside the state dict (rotary)
+            value = full.get_buffer(key).to(rt.device) if full else torch.empty_like(buffer, device=rt.device)
+            dist.broadcast(value, src=0)
+            module, _, attr = key.rpartition(".")
+            model.get_submodule(module).register_buffer(attr, value, persistent=False)
     return model
 
 
@@ -646,15 +644,16 @@ def make_scorer(name, args, rt):
         texts = [rm_tok.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False) if chat else p + c
                  for p, c in zip(prompts, completions)]
         scores, size = [], args.reward_batch_size
-        for i in range(0, len(texts), size):
-            enc = rm_tok.pad({"input_ids": [prompt_ids(rm_tok, t) for t in texts[i: i + size]]}, padding_side="right",
+        for batch in (texts[i: i + size] for i in range(0, len(texts), size)):
+            enc = rm_tok.pad({"input_ids": [prompt_ids(rm_tok, t) for t in batch]}, padding_side="right",
                              return_tensors="pt")
             try:
                 out = rm(**enc.to(rt.device))
-            except torch.OutOfMemoryError:  # not a bad sample: a batch too large (SystemExit passes score_samples)
-                fail(True, f"{name}: out of memory scoring {len(enc['input_ids'])} sequences at once; lower --reward_batch_size")
-            scores += (out.score if hasattr(out, "score") else out.logits).float().reshape(len(enc["input_ids"]), -1)[:, 0].tolist()
-        return scores  # ArmoRM returns .score
+            except torch.OutOfMemoryError:  # a batch too large, not a bad sample (SystemExit passes score_samples)
+                fail(True, f"{name}: out of memory scoring {len(batch)} sequences at once; lower --reward_batch_size")
+            out = out.score if hasattr(out, "score") else out.logits  # ArmoRM's output is .score
+            scores += out.float().reshape(len(batch), -1)[:, 0].tolist()
+        return scores
 
     return score
 
@@ -691,9 +690,8 @@ def score_samples(name, scorer, prompts, completions, columns):
 @torch.no_grad()
 def generate(model, tokenizer, prompts, n, args, greedy, seed):
     """n completions per prompt (token ids, grouped per prompt), at most --generation_batch_size sequences per call,
-    with the KV cache. A completion stops at an end token (kept), the one the chat template ends a turn with
-    included; one cut at --max_new_tokens has none. Under FSDP2 the first forward gathers each shard group and
-    they stay gathered for every token and call, then are resharded. Returns (completions, whether each finished)."""
+    with the KV cache, FSDP2's shard groups gathered once for all. A completion stops at an end token (kept; the chat
+    template's end of turn too); one cut at --max_new_tokens has none. Returns (completions, whether each finished)."""
     model.eval()
     units = [m for m in model.modules() if hasattr(m, "set_reshard_after_forward")]  # FSDP2's shard groups
     for m in units:
@@ -712,7 +710,7 @@ def generate(model, tokenizer, prompts, n, args, greedy, seed):
                                   num_return_sequences=n, eos_token_id=ends, pad_token_id=tokenizer.pad_token_id,
                                   synced_gpus=False, **sampling)
         except torch.OutOfMemoryError:
-            fail(True, f"out of memory sampling {len(enc['input_ids']) * n} sequences at once; lower --generation_batch_size")
+            fail(True, f"out of memory sampling {per_call * n} sequences at once; lower --generation_batch_size")
         for s in seqs[:, enc["input_ids"].shape[1]:].tolist():
             out.append(next((s[: j + 1] for j, t in enumerate(s) if t in ends), s))
             finished.append(out[-1][-1] in ends)
@@ -800,7 +798,8 @@ def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer
         policy.eval()
         with torch.no_grad(), rt.autocast:
             for s in tqdm(steps, desc="reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False, dynamic_ncols=True):
-                state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device), rt.head_dtype).cpu()
+                state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device),
+                                                  rt.head_dtype).cpu()
                                       for _, seqs in forward_batches(step_batch(s), args, rt.rank, rt.world)]
         policy.train()
         if hasattr(policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
@@ -846,7 +845,7 @@ class Session:
     def __init__(self, args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state):
         self.args, self.rt, self.tokenizer, self.policy, self.ref, self.state = args, rt, tokenizer, policy, ref, state
         self.optimizer, self.scheduler, self.sampling_gen, self.stop, self.bad_streak = optimizer, scheduler, sampling_gen, [], 0
-        ckpt = newest_checkpoint(args.output_dir) if args.resume else None
+        ckpt = (checkpoints(args.output_dir) or [None])[-1] if args.resume else None
         if ckpt:
             self.load(ckpt)
         if rt.rank == 0:
@@ -898,7 +897,7 @@ class Session:
         self.bar.update(1)
         self.bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in ("loss", "rewards/margins", "kl", "eval/reward") if k in record})
         fail(self.bad_streak >= args.max_bad_steps, f"stopping: the last {self.bad_streak} steps (up to step {state.step}) had a "
-             f"non-finite loss or gradient and were skipped; the newest checkpoint, {newest_checkpoint(args.output_dir)}, is from "
+             f"non-finite loss or gradient and were skipped; the newest checkpoint, {(checkpoints(args.output_dir) or [None])[-1]}, is from "
              "before them. Lower --learning_rate or --max_grad_norm, or look for bad data.")
         if (args.save_every and state.step % args.save_every == 0 and not self.bad_streak) or state.step == args.max_steps or stop:
             self.save()
@@ -914,7 +913,6 @@ class Session:
         """output_dir/checkpoint-STEP: the policy (save_pretrained) and each process's training state (its shards of
         policy, reference and optimizer, RNG states, the loop's state), written to a temporary name, then renamed."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
         final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")
         tmp, rank = final + ".tmp", self.rt.rank
         if rank == 0:
@@ -934,13 +932,13 @@ class Session:
             shutil.rmtree(final, ignore_errors=True)  # a step saved twice (the last one)
             os.replace(tmp, final)
             fsync(self.args.output_dir, files=False)  # the rename itself
-            for old in checkpoints(self.args.output_dir)[:-self.args.save_total_limit] if self.args.save_total_limit else []:
-                shutil.rmtree(old, ignore_errors=True)
+            if self.args.save_total_limit:
+                for old in checkpoints(self.args.output_dir)[: -self.args.save_total_limit]:
+                    shutil.rmtree(old, ignore_errors=True)
         self.barrier()
 
     def load(self, path):
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
         saved = torch.load(os.path.join(path, f"state-rank{self.rt.rank}.pt"), weights_only=True)  # nothing is unpickled
         fail(saved["world_size"] != self.rt.world, f"{path} was written by {saved['world_size']} processes; resume with as many")
         changed = [k for k, v in asdict(self.args).items() if k not in RESUMABLE and saved["args"].get(k) != v]
@@ -958,10 +956,10 @@ class Session:
     def save_pretrained(self, directory):
         """A Hugging Face model directory of the policy, gathered from its shards (rank 0 writes)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not the fp32 the training keeps
-            self.policy.save_pretrained(directory, state_dict={k: v.to(getattr(self.policy, "export_dtype", v.dtype)) for k, v in full.items()})
+            dtype = getattr(self.policy, "export_dtype", None)
+            self.policy.save_pretrained(directory, state_dict={k: v.to(dtype or v.dtype) for k, v in full.items()})
             self.tokenizer.save_pretrained(directory)
         self.barrier()
 
@@ -987,24 +985,18 @@ RESUMABLE = ("resume", "output_dir", "save_every", "log_every", "eval_every", "n
              "on_bad_reward", "max_bad_steps", "trust_remote_code")
 
 
-def checkpoints(output_dir):
-    """The complete checkpoints in output_dir, oldest first."""
+def checkpoints(output_dir):  # the complete ones, oldest first
     steps = [int(d.split("-")[1]) for d in os.listdir(output_dir)
              if d.startswith("checkpoint-") and d.split("-")[1].isdigit()] if os.path.isdir(output_dir) else []
     return [os.path.join(output_dir, f"checkpoint-{s}") for s in sorted(steps)]
 
 
-def newest_checkpoint(output_dir):
-    return (checkpoints(output_dir) or [None])[-1]
-
-
 def link(src, dest):
-    if os.path.exists(dest):
-        os.remove(dest)
     try:
-        os.link(src, dest)  # the same bytes under two names: no second copy on disk
+        os.link(src, dest + ".tmp")  # the same bytes under two names: no second copy on disk
     except OSError:
-        shutil.copy2(src, dest)
+        shutil.copy2(src, dest + ".tmp")
+    os.replace(dest + ".tmp", dest)
 
 
 def open_metrics(path, step):

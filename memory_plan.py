@@ -103,6 +103,16 @@ def plan(args, script, world, config=None, gpu=True):
     return rows
 
 
+def report(args, script, world, details=False):
+    """What a run prints at start-up: the peak, or with `details` (--plan_only) the table for a GPU."""
+    import torch
+
+    rows = plan(args, script, world, gpu=details or torch.cuda.is_available())
+    if details:
+        return table(rows)
+    return f"memory plan: {peak(rows) / GIB:.2f} GiB per process at the peak (--plan_only: the details)"
+
+
 def peak(rows):
     both = sum(v for _, v, p in rows if p == "both")
     return both + max(sum(v for _, v, p in rows if p == phase) for phase in ("train", "generate", "score"))
