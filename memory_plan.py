@@ -120,10 +120,10 @@ def peak(rows):
 
 def table(rows, gpu_gib=80):
     """The plan as a table, with the peak and whether it fits a GPU of `gpu_gib`."""
-    out = [f"memory plan per process ({'phase':>8}): GiB"]
+    out = [f"memory plan per process, GiB ({'phase':>8}: 'both' is held throughout)"]
     out += [f"  {name:<58} {phase:>8} {v / GIB:8.2f}" for name, v, phase in rows if v]
     total = peak(rows) / GIB
-    out.append(f"  {'peak (the larger phase + both)':<58} {'':>8} {total:8.2f}"
+    out.append(f"  {'peak: the largest phase + both':<58} {'':>8} {total:8.2f}"
                + ("" if total <= gpu_gib else f"  > {gpu_gib} GiB: see --gradient_checkpointing, --micro_batch_size, "
                   "--generation_batch_size"))
     return "\n".join(out)

@@ -275,3 +275,19 @@ def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads((tmp_path / "out.json").read_text())
     assert got["planned"] == pytest.approx(got["measured"], rel=0.2), got
+
+
+@pytest.mark.parametrize("script, flags", [("dpo_humanline.py", ["--online", "--round_size", "16", "--num_samples", "4"]),
+                                           ("grpo_humanline.py", ["--online", "--num_generations", "4", "--humanline"])])
+def test_one_process_samples_trains_and_evaluates_under_bf16_autocast(script, flags, tmp_path):
+    """The single-GPU path (autocast, no FSDP2) taken on a CPU: sampling, scoring, training and evaluation in bf16
+    run, and the log-probs and losses they give are finite."""
+    proc = subprocess.run([sys.executable, script, *flags, "--precision", "bf16", "--max_steps", "2", "--batch_size",
+                           "8", "--eval_every", "0", "--num_eval_prompts", "16", "--save_every", "0", "--output_dir",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)
+    assert "online/reward" in records[0] and "eval/reward" in records[-1]
