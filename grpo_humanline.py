@@ -339,12 +339,14 @@ def main():
     if evaluate_policy and args.eval_every and state.step == 0:  # every curve starts at the starting policy
         session.log({"step": 0} | evaluate_policy())
 
+    reset_each_sampling = args.sync == "none" or args.pairs_from_samples
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
             # ALGO LOGIC: the buffer is spent: sample the next --sample_every steps' groups (or a round of pairs),
-            # score them, compute the advantages. Without --sync the reference is PPO's theta_old: the sampler
-            if args.sync == "none":
+            # score them, compute the advantages. The reference becomes the sampler: PPO's theta_old without --sync;
+            # with pairs, Algorithm 1's round start (syncing goes on within the round)
+            if reset_each_sampling:
                 sync_reference(ref, policy)
             rows = [train_prompts[i] for i in round_prompts(len(train_prompts), prompts_per_round, state.round_index, args.seed)]
             groups, record = sample_and_score(policy, tokenizer, reward_fns, rows, args.num_generations, args, state.round_index, rt)
@@ -367,7 +369,7 @@ def main():
             continue
         # REF-FREE: the policy as it is now is (or is about to be synced into) the reference of a run of steps
         ref_seconds = 0.0 if ref is not None else reference_ahead(
-            policy, state, state.round_start if args.sync == "none" else None, step_batch, forward_batches, tokenizer, args, rt)
+            policy, state, state.round_start if reset_each_sampling else None, step_batch, forward_batches, tokenizer, args, rt)
         ahead = state.ref_ahead.pop(state.step, None)
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens over all micro-batches and processes

@@ -157,6 +157,18 @@ def test_ref_free_across_online_rounds_with_periods_that_straddle_them(run):
         assert (r["loss"] == pytest.approx(math.log(2), abs=1e-6)) == (r["step"] in first_of_round), r
 
 
+def test_grpo_pairs_from_samples_under_sync_start_each_round_from_the_policy(run):
+    """Algorithm 1 with groups of two: as online DPO and KTO, every round's reference starts as the policy (ratio
+    1 at its first step) and humanline syncing (k = 3) goes on within it; reference-free equals two models."""
+    flags = ["--online", "--pairs_from_samples", "--humanline", "--sync_every", "3", "--round_size", "24",
+             "--num_generations", "4"]
+    _, free = compare(run, "grpo_humanline.py", flags, 7)
+    first_of_round = {r["step"] + 1 for r in free if "online/groups" in r}  # a sampling's record
+    assert len(first_of_round) >= 2
+    for r in steps(free):
+        assert (r["ratio/abs_log"] == 0) == (r["step"] in first_of_round), r
+
+
 def test_ref_free_resumes_exactly_in_the_middle_of_a_sync_period(run, tmp_path):
     """k = 4: the checkpoint after step 6 holds the log-probs of steps 7 and 8 (computed at the sync step 4)."""
     flags = [*steps_flags(9), "--humanline", "--sync_every", "4", "--save_every", "3"]
