@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import dpo_humanline
+import grpo_humanline
+import kto_humanline
 from conftest import make_session
 from dpo_humanline import Args, collate, dpo_loss, encode_rows, optimizer_step, sync_reference, token_logps
 
@@ -231,6 +233,25 @@ def test_sync_every_k_copies_at_the_right_steps(sync):
             changed.append(t)
             assert same(weights(ref), before if sync == "humanline" else after)
     assert changed == ([] if sync == "none" else [2, 5])
+
+
+@pytest.mark.parametrize("module", [dpo_humanline, kto_humanline, grpo_humanline], ids=["dpo", "kto", "grpo"])
+@pytest.mark.parametrize("sync", ["humanline", "trust_region"])
+@pytest.mark.parametrize("why", ["loss", "grad"])
+def test_a_skipped_step_leaves_out_the_update_not_the_sync(module, sync, why):
+    """A non-finite loss (skip=True) or gradient skips the update, never the sync: the reference's schedule depends on
+    the step alone, so a skipped step k - 1 still makes the reference the policy as it is."""
+    policy, ref, opt, sched = linear_setup()
+    with torch.no_grad():  # a reference that differs from the policy
+        for p in ref.parameters():
+            p.add_(1.0)
+    backward(policy, 0)
+    if why == "grad":
+        next(policy.parameters()).grad[0, 0] = float("nan")
+    before = weights(policy)
+    module.optimizer_step(policy, ref, opt, sched, 1e9, sync, 1, 0, skip=why == "loss")
+    assert same(weights(policy), before)  # no update
+    assert same(weights(ref), before)  # the sync happened
 
 
 def test_sync_none_every_step_never_touches_the_reference():

@@ -208,6 +208,26 @@ def test_where_the_clamp_acts_the_loss_is_the_formula(algo, mode, outputs, toy_p
         assert recs[1]["grad_norm"] != pytest.approx(plain[1]["grad_norm"], rel=1e-3)
 
 
+def test_kto_reference_point_is_clamped_as_the_loss_is(toy_pairs, tmp_path):
+    """An asymmetric clamp, [-0.001, 1.5], at 1e-3 with syncing every step: at step 3 the KL pairs' summed clamped
+    log-ratios are positive on average while the unclamped ones are not, so the logged z0 tells whether the clamp
+    reaches the reference point (both would floor to 0 under the symmetric TIGHT bounds)."""
+    flags = [*BASE, "--humanline", "--log_eps_P", "-0.001", "--learning_rate", "1e-3", "--micro_batch_size", "16",
+             "--save_every", "1"]
+    step3 = run_in_process("kto_humanline.py", flags, tmp_path)[2]
+    with open(tmp_path / "metrics.jsonl") as f:
+        z0 = [json.loads(line) for line in f][2]["kl"]
+    ref, pol = (AutoModelForCausalLM.from_pretrained(tmp_path / f"checkpoint-{s}").eval() for s in (1, 2))
+    examples = [(p, c, d) for p, c, r in toy_pairs for c, d in ((c, True), (r, False))]
+    batch = step_batch(examples, 2, 16)
+    ratios = [seq_logps(pol, p, batch[(i + 1) % len(batch)][1]) - seq_logps(ref, p, batch[(i + 1) % len(batch)][1])
+              for i, (p, _, _) in enumerate(batch)]
+    clamped = max(0.0, sum(x.clamp(-0.001, 1.5).sum().item() for x in ratios) / len(ratios))
+    plain = max(0.0, sum(x.sum().item() for x in ratios) / len(ratios))
+    assert step3["step"] == 3 and clamped > 0.1 and plain < clamped / 2
+    assert z0 == pytest.approx(clamped, rel=1e-3)
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
     import subprocess
     import tempfile
