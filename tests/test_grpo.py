@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -564,3 +565,31 @@ def test_two_processes_equal_one(grpo_run):
         for k in ("loss", "grad_norm", "kl", "ratio/abs_log", "clip_frac"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-7), (a["step"], k, a[k], b[k])
     assert all(a["loss"] != 0 for a in s1[1:])
+
+
+@pytest.mark.parametrize("flags, beta, eps", [([], 0.01, 0.15), (["--beta", "0.03", "--eps", "0.2"], 0.03, 0.2)])
+def test_the_loop_gives_the_loss_its_kl_coefficient_and_clip(flags, beta, eps, tmp_path, monkeypatch):
+    """At the paper's rate the KL term is ~1e-11 of a loss near 1e-5 (the toy's step KL is ~1e-9): no logged value
+    could tell beta = 0 from 0.01, so the call itself is checked: every micro-batch's loss gets --beta and --eps."""
+    import inspect
+
+    import grpo_humanline
+
+    seen, real = [], grpo_humanline.grpo_loss
+    signature = inspect.signature(real)
+
+    def spy(*a, **kw):
+        bound = signature.bind(*a, **kw).arguments
+        seen.append((bound["beta"], bound["eps"]))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(grpo_humanline, "grpo_loss", spy)
+    monkeypatch.setattr(sys, "argv", ["grpo_humanline.py", "--humanline", "--max_steps", "2", "--batch_size", "8",
+                                      "--micro_batch_size", "4", "--eval_prompts", "none", "--save_every", "0", *flags,
+                                      "--output_dir", str(tmp_path)])
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        grpo_humanline.main()
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert seen == [(beta, eps)] * 4

@@ -31,6 +31,7 @@ BASE = ["--max_steps", "3", "--batch_size", "16", "--micro_batch_size", "8", "--
 ONLINE = {"dpo": ["--online", "--round_size", "32", "--num_samples", "4"],
           "kto": ["--online", "--round_size", "32", "--num_samples", "4"],
           "grpo": ["--online", "--num_generations", "4"]}
+ROUNDS = ["--online", "--round_size", "128", "--num_samples", "4", "--max_steps", "5"]
 TIGHT = ["--log_eps_P", "-0.01", "--log_eps_R", "0.01", "--learning_rate", "1e-3", "--micro_batch_size", "16", "--save_every", "1"]
 
 
@@ -46,7 +47,13 @@ def modes(algo):
         "clamp-acts": ["--humanline", *TIGHT],
         "sampling-acts": ["--sync", "humanline", "--clip", "sampling", *TIGHT],
         "sync-only-tight": ["--sync", "humanline", *TIGHT],
+        # five steps at 1e-4, so that k = 2 and k = 1 differ (from step 4) beyond the tolerance; rounds of three or
+        # more steps, so that online + humanline (a sync inside the round) and online differ
+        "humanline-5-steps": ["--humanline", "--max_steps", "5", "--learning_rate", "1e-4"],
+        "humanline-k2-5-steps": ["--humanline", "--sync_every", "2", "--max_steps", "5", "--learning_rate", "1e-4"],
     }
+    if algo != "grpo":
+        out |= {"online-rounds": [*ROUNDS], "online-humanline-rounds": [*ROUNDS, "--humanline"]}
     if algo == "grpo":
         out |= {"online": ONLINE["grpo"],
                 "off-policy-humanline": [*ONLINE["grpo"], "--sample_every", "2", "--humanline", "--sync_every", "2"],
@@ -103,6 +110,19 @@ def test_every_mode_trains_as_pinned(name, outputs, pinned):
         assert g.keys() == w.keys(), (g["step"], sorted(g), sorted(w))
         for k in w:
             assert g[k] == pytest.approx(w[k], rel=1e-3, abs=1e-6), (name, g["step"], k)  # float32 differs between CPUs
+
+
+@pytest.mark.parametrize("algo", ["dpo", "kto", "grpo"])
+def test_the_pinned_runs_tell_the_variants_apart(algo, pinned):
+    """k = 2 against k = 1, online + humanline against online: each pair's pinned values differ by more than the
+    tolerance above, so a bug that made one behave as the other would fail its pinned run."""
+    def apart(a, b):
+        a, b = ([(r[k], k) for r in pinned["runs"][f"{algo}-{name}"] for k in ("loss", "grad_norm") if k in r] for name in (a, b))
+        return any(x != pytest.approx(y, rel=1e-3, abs=1e-6) for (x, _), (y, _) in zip(a, b))
+
+    assert apart("humanline-5-steps", "humanline-k2-5-steps")
+    if algo != "grpo":
+        assert apart("online-rounds", "online-humanline-rounds")
 
 
 # ----------------------------------------------------------------------------------------------
