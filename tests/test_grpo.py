@@ -30,6 +30,7 @@ from grpo_humanline import (
     sample_and_score,
     token_logps,
 )
+import toy_task
 from math_rewards import accuracy_reward, format_reward, tag_count_reward
 from math_rewards import default_weights as default_reward_weights
 
@@ -514,8 +515,10 @@ def test_end_to_end(name, grpo_run):
         # the denominator is the synced reference, not the sampler: step 2 (fresh samples, reference still the
         # starting policy) sees a ratio != 1
         assert steps[1]["online/staleness"] == 0 and steps[1]["ratio/abs_log"] > 0
-    model = AutoModelForCausalLM.from_pretrained(run.out)  # the final model directory loads
-    assert sum(p.numel() for p in model.parameters()) > 0
+    final, last = (AutoModelForCausalLM.from_pretrained(d) for d in (run.out, os.path.join(run.out, "checkpoint-3")))
+    start = AutoModelForCausalLM.from_pretrained(toy_task.load().model)
+    assert all(torch.equal(a, b) for a, b in zip(final.parameters(), last.parameters()))  # the last step's weights
+    assert any(not torch.equal(a, b) for a, b in zip(final.parameters(), start.parameters()))  # trained
 
 
 EVERY_4 = ["--online", "--sample_every", "4", "--max_steps", "5", "--save_every", "2"]

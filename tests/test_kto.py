@@ -294,7 +294,9 @@ def test_end_to_end(mode_runs, name):
     assert all(r["online/truncated_completions"] == 0 for r in records if "online/round" in r)  # toy completions fit
     out = mode_runs[name][1]
     args = json.load(open(out / "args.json"))
-    assert (args["beta"], args["desirable_weight"], args["undesirable_weight"]) == (0.25, 1.1, 1.0)
+    # step 1 (r = z0 = 0): each loss is lambda / 2, so the mean over the 8 examples is (1.1 d + (8 - d)) / 16 for the
+    # d desirable ones, with both kinds present: a weight that did not take effect gives another value
+    assert any(train[0]["loss"] == pytest.approx((1.1 * d + (8 - d)) / 16, abs=1e-6) for d in range(1, 8))
     assert (args["sync"], args["clip"]) == {"offline-humanline": ("humanline", "clamp"), "online-humanline": ("humanline", "clamp"),
                                             "trust_region": ("trust_region", "none"), "clip_sampling": ("none", "sampling")
                                             }.get(name, ("none", "none"))

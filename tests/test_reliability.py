@@ -305,7 +305,8 @@ def test_bad_rewards_are_dropped_and_counted_dpo(tmp_path, toy):
     r = rounds(str(tmp_path))[0]
     assert 0 < r["online/bad_rewards"] < 128 and r["online/pairs"] >= 8
     last = steps(str(tmp_path))[2]
-    assert math.isfinite(last["loss"]) and math.isfinite(last["eval/reward"]) and last["eval/bad_rewards"] >= 0
+    # the flaky scorer evaluates too: about one greedy completion in five is dropped and counted, the rest scored
+    assert math.isfinite(last["loss"]) and math.isfinite(last["eval/reward"]) and 0 < last["eval/bad_rewards"] < 8
 
 
 def test_bad_rewards_drop_their_group_grpo(tmp_path, toy):
