@@ -220,6 +220,15 @@ def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_
     return grad_norm, seconds
 
 
+def reference_step(step, sync, sync_every, reset=0):
+    """The step whose starting policy is step `step`'s reference, by the schedule optimizer_step follows: humanline
+    syncs before update t = k-1, 2k-1, ..., so steps t+1 to t+k see the policy as step t began; trust-region syncing
+    copies after it (the policy as step t+1 began); never before `reset` (0, or an online round's start). The
+    reference-free path computes the reference's log-probs with the policy at that step (reference_ahead)."""
+    synced = step // sync_every * sync_every - (sync == "humanline")  # HUMANLINE: the sync schedule, reference-free
+    return max(reset or 0, synced if sync != "none" else 0)
+
+
 # batching and log-probs
 def offline_batch(examples, step, batch_size, seed):
     """A step's offline batch: one fixed permutation per epoch, so the batch depends on the step only."""
@@ -835,7 +844,7 @@ def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer
     those weights (this process's shards) wait on the CPU in state.ref_weights and are swapped into the policy to
     score the samples. Returns the seconds it took."""
     t0, k, done = time.time(), args.sync_every, []
-    owner = lambda s: max(reset or 0, s // k * k - (args.sync == "humanline") if args.sync != "none" else 0)
+    owner = lambda s: reference_step(s, args.sync, k, reset)  # noqa: E731
 
     def run_of(o, s):  # the known steps from s on that the reference set at step o serves; and whether more will come
         steps = []

@@ -254,6 +254,15 @@ def test_a_skipped_step_leaves_out_the_update_not_the_sync(module, sync, why):
     assert same(weights(ref), before)  # the sync happened
 
 
+@pytest.mark.parametrize("module", [dpo_humanline, kto_humanline, grpo_humanline], ids=["dpo", "kto", "grpo"])
+def test_the_reference_free_schedule_is_the_one_optimizer_step_follows(module):
+    """k = 3: humanline syncs before updates 2 and 5 (the test above), so steps 3-5 see the policy as step 2 began and
+    steps 6-8 as step 5 began; trust region copies after them (as steps 3 and 6 began); a round's start resets."""
+    got = {sync: [module.reference_step(s, sync, 3) for s in range(9)] for sync in ("humanline", "trust_region", "none")}
+    assert got == {"humanline": [0, 0, 0, 2, 2, 2, 5, 5, 5], "trust_region": [0, 0, 0, 3, 3, 3, 6, 6, 6], "none": [0] * 9}
+    assert [module.reference_step(s, "humanline", 3, reset=4) for s in range(4, 9)] == [4, 4, 5, 5, 5]
+
+
 def test_sync_none_every_step_never_touches_the_reference():
     policy, ref, opt, sched = linear_setup()
     initial = weights(ref)
