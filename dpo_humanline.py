@@ -19,7 +19,7 @@ The README explains the memory options (`--ref_free`), the deviations and the pa
     # the paper's runs (its Table 3 settings; the other variants: README): offline, then online, + humanline
     torchrun --standalone --nproc_per_node 8 dpo_humanline.py --humanline --learning_rate 5e-6 --max_grad_norm 1.0 \\
         --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
-        --micro_batch_size 4 --gradient_checkpointing
+        --micro_batch_size 4 --gradient_checkpointing --max_steps 312
     torchrun --standalone --nproc_per_node 8 dpo_humanline.py --online --humanline --learning_rate 2.5e-6 --max_grad_norm 1.0 \\
         --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
         --round_size 1024 --max_new_tokens 2048 --reward_model RLHFlow/ArmoRM-Llama3-8B-v0.1 --trust_remote_code \\

@@ -24,12 +24,13 @@ The README explains the memory options, the deviations and the paper's runs.
     # the paper's runs: offline + humanline on instructions (its Table 3 settings), off-policy humanline on math
     torchrun --standalone --nproc_per_node 8 grpo_humanline.py --humanline --learning_rate 5e-6 --max_grad_norm 1.0 --micro_batch_size 8 \\
         --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
-        --gradient_checkpointing
+        --gradient_checkpointing --max_steps 312
     torchrun --standalone --nproc_per_node 8 grpo_humanline.py --online --humanline --sample_every 64 --sync_every 16 --learning_rate 1e-6 \\
         --batch_size 256 --micro_batch_size 8 --adam_eps 1e-8 --weight_decay 0 --top_p 1.0 --max_new_tokens 2048 \\
         --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --dataset DigitalLearningGmbH/MATH-lighteval --as_chat \\
         --system_prompt r1 --reward_funcs tag_count,format,accuracy --eval_prompts HuggingFaceH4/MATH-500 --reward_model accuracy \\
-        --gradient_checkpointing --max_length 2560 --generation_batch_size 64
+        --gradient_checkpointing --max_steps 1600 --beta 1e-4 --eps 0.2 --kl_baseline initial --max_length 2560 \\
+        --generation_batch_size 64
 """
 
 import hashlib

@@ -349,7 +349,11 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
         if "meta-llama/Meta-Llama-3-8B-Instruct" in argv:  # one of the paper's instruction-following runs
             key = (algo, args.online, args.humanline)
             assert (args.learning_rate, args.max_grad_norm) == TABLE_3[key], f"{where}: {' '.join(argv)}"
+            assert args.online or args.max_steps == 312, f"{where}: one pass over 10K pairs at 32, 20K examples at 64"
+            assert not (algo == "grpo" and args.online) or args.pairs_from_samples, f"{where}: Algorithm 1's pairs"
             papers.add(key)
+        if "Qwen/Qwen2.5-1.5B-Instruct" in argv:  # the math run, with the authors' values where the paper is silent
+            assert (args.max_steps, args.beta, args.eps, args.kl_baseline) == (1600, 1e-4, 0.2, "initial"), where
         if world > 1:  # a GPU run: it fits an 80 GB GPU by the plan, in bf16
             args.precision = "bf16"
             with mock.patch.object(memory_plan, "read_config", local_config):
