@@ -75,12 +75,11 @@ def plan(args, script, world, config=None, gpu=True):
     elif bf16:
         rows.append(("autocast's bf16 copy of the weights", s.params * 2, "train"))
     layer_act = act_bytes(s, bf16)
-    if args.gradient_checkpointing:
-        acts = tokens * (s.layers * s.d * (2 if bf16 and W > 1 else 4) + layer_act)
+    if args.gradient_checkpointing:  # each layer's input (the residual stream, fp32) and one layer recomputed
+        acts, how = tokens * (s.layers * s.d * 4 + layer_act), ", checkpointed"
     else:
-        acts = tokens * s.layers * layer_act
-    rows.append((f"activations: {seqs} x {args.max_length} tokens" + (", checkpointed" if args.gradient_checkpointing else ""),
-                 acts, "train"))
+        acts, how = tokens * s.layers * layer_act, ""
+    rows.append((f"activations: {seqs} x {args.max_length} tokens{how}", acts, "train"))
     rows.append(("log-prob head: fp32 hidden states + one chunk of logits",
                  tokens * s.d * 4 + 3 * min(CHUNK, tokens) * s.vocab * 4, "train"))
     n = (args.num_samples if hasattr(args, "num_samples") else args.num_generations) if args.online else 1
@@ -90,7 +89,8 @@ def plan(args, script, world, config=None, gpu=True):
         gen = min(max(1, args.generation_batch_size // n), per_process) * n
         length = args.max_prompt_length + args.max_new_tokens
         gathered = (s.params - s.root) * b + s.root * bh if W > 1 else s.params * 2 if bf16 else 0
-        rows += [("generation: the policy gathered" if W > 1 else "generation: autocast's bf16 weights", gathered, "generate"),
+        rows += [("generation: the policy gathered" if W > 1 else "generation: autocast's bf16 weights", gathered,
+                  "generate"),
                  (f"generation: KV cache, {gen} x {length} tokens", gen * length * 2 * s.layers * s.kv * b, "generate"),
                  ("generation: next-token logits, fp32", gen * s.vocab * 4 * 3, "generate")]
     for reward_config in reward_configs:
@@ -137,7 +137,10 @@ def prompts_per_sampling(args, script):
 
 
 def is_model(name):
-    builtin = ("toy", "toy_verify", "tag_count", "format", "accuracy")
+    """A reward model to load, not a built-in scorer (the scripts' make_scorer) or a module:function."""
+    import math_rewards
+
+    builtin = ("toy", "toy_verify", *math_rewards.REWARD_FUNCS)
     return name not in builtin and not (":" in name and not os.path.exists(name))
 
 

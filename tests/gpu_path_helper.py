@@ -1,8 +1,9 @@
 """Measurements of the GPU code paths on a CPU, each in a fresh process (tests/test_gpu_path.py runs them):
 
-    torchrun --nproc_per_node 2 tests/gpu_path_helper.py fsdp MODEL_DIR OUT.json   # FSDP2 on gloo: loading, gradients,
-                                                                                    # all-gathers per generate call, dtypes
-    python tests/gpu_path_helper.py peak SHAPE_JSON OUT.json                        # one DPO step's peak memory vs the plan
+    # FSDP2 on gloo: loading, gradients, all-gathers per generate call, dtypes
+    torchrun --nproc_per_node 2 tests/gpu_path_helper.py fsdp MODEL_DIR OUT.json
+    # two DPO steps' peak memory against the plan
+    python tests/gpu_path_helper.py peak SHAPE_JSON OUT.json
 
 Both use the training scripts' own functions (dpo_humanline.py: load_model, token_logps, generate, the loss)."""
 

@@ -19,7 +19,8 @@ RUNS = {"dpo offline + humanline": ("dpo_humanline.py", ["--humanline"]),
         "dpo online + humanline": ("dpo_humanline.py", ["--online", "--humanline", "--round_size", "32"]),
         "kto offline + humanline": ("kto_humanline.py", ["--humanline"]),
         "grpo offline + humanline": ("grpo_humanline.py", ["--humanline", "--gradient_checkpointing"]),
-        "grpo online, off-policy + humanline": ("grpo_humanline.py", ["--online", "--humanline", "--sample_every", "2"])}
+        "grpo online, off-policy + humanline": ("grpo_humanline.py",
+                                                ["--online", "--humanline", "--sample_every", "2"])}
 
 
 def run(script, flags, out, nproc=1):

@@ -81,7 +81,8 @@ def test_the_log_prob_step_keeps_no_fp32_tensor_with_a_vocabulary_axis_per_posit
     params = {p.data_ptr() for p in model.parameters()}
 
     def big(fn):  # saved tensors of at least one position x the vocabulary, the weights left out
-        return [t.shape for t in saved_tensors(fn) if t.data_ptr() not in params and t.numel() >= 32 * config.vocab_size]
+        big = 32 * config.vocab_size
+        return [t.shape for t in saved_tensors(fn) if t.data_ptr() not in params and t.numel() >= big]
 
     assert big(lambda: dpo.token_logps(model, ids, torch.ones_like(ids), mask, chunk=16)) == []
     assert (B, S - 1, config.vocab_size) in big(lambda: old_token_logps(model, ids, torch.ones_like(ids), mask))
@@ -217,7 +218,8 @@ def test_reward_models_score_in_batches_and_running_out_of_memory_names_the_flag
     with mock.patch.object(LlamaForSequenceClassification, "forward", side_effect=torch.OutOfMemoryError("CUDA")):
         with pytest.raises(SystemExit) as stopped:  # not a bad sample to retry one at a time: a one-line stop
             dpo.score_samples("rm", score, ["1+1="] * 7, ["2"] * 7, {})
-    assert stopped.value.code == f"{tmp_path / 'rm'}: out of memory scoring 3 sequences at once; lower --reward_batch_size"
+    assert stopped.value.code == (f"{tmp_path / 'rm'}: out of memory scoring 3 sequences at once; "
+                                  "lower --reward_batch_size")
 
 
 def test_generate_calls_hold_at_most_generation_batch_size_sequences(toy):
@@ -241,7 +243,8 @@ def test_checkpoints_are_written_in_the_models_dtype_rotated_and_the_final_model
     AutoTokenizer.from_pretrained(toy.model).save_pretrained(bf16)
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "dpo_humanline.py", "--model_name_or_path", str(bf16), "--max_steps", "3",
-                           "--batch_size", "8", "--eval_prompts", "none", "--save_every", "1", "--save_total_limit", "2",
+                           "--batch_size", "8", "--eval_prompts", "none", "--save_every", "1",
+                           "--save_total_limit", "2",
                            "--output_dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
@@ -281,8 +284,9 @@ def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, tmp_pat
     assert got["planned"] == pytest.approx(got["measured"], rel=0.2), got
 
 
-@pytest.mark.parametrize("script, flags", [("dpo_humanline.py", ["--online", "--round_size", "16", "--num_samples", "4"]),
-                                           ("grpo_humanline.py", ["--online", "--num_generations", "4", "--humanline"])])
+@pytest.mark.parametrize("script, flags", [
+    ("dpo_humanline.py", ["--online", "--round_size", "16", "--num_samples", "4"]),
+    ("grpo_humanline.py", ["--online", "--num_generations", "4", "--humanline"])])
 def test_one_process_samples_trains_and_evaluates_under_bf16_autocast(script, flags, tmp_path):
     """The single-GPU path (autocast, no FSDP2) taken on a CPU: sampling, scoring, training and evaluation in bf16
     run, and the log-probs and losses they give are finite."""
