@@ -19,11 +19,12 @@ The README explains the memory options (`--ref_free`), the deviations and the pa
     # the paper's runs (its Table 3 settings; the other variants: README): offline, then online, + humanline
     torchrun --standalone --nproc_per_node 8 dpo_humanline.py --humanline --learning_rate 5e-6 --max_grad_norm 1.0 \\
         --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
-        --micro_batch_size 4 --gradient_checkpointing --max_steps 312
+        --micro_batch_size 4 --gradient_checkpointing --dataset_split "train[:10000]" --lr_scheduler constant
     torchrun --standalone --nproc_per_node 8 dpo_humanline.py --online --humanline --learning_rate 2.5e-6 --max_grad_norm 1.0 \\
         --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
         --round_size 1024 --max_new_tokens 2048 --reward_model RLHFlow/ArmoRM-Llama3-8B-v0.1 --trust_remote_code \\
-        --micro_batch_size 4 --gradient_checkpointing --max_length 2560 --generation_batch_size 64
+        --micro_batch_size 4 --gradient_checkpointing --max_length 2560 --generation_batch_size 64 \\
+        --dataset_split "train[:12288]" --lr_scheduler constant
 """
 
 import hashlib
@@ -36,7 +37,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Literal, Optional
@@ -66,7 +67,7 @@ class Args:
     # model and data
     model_name_or_path: str = field(default="toy", metadata={"help": "'toy' (the built-in task) or a causal LM."})
     dataset: str = field(default="toy", metadata={"help": "prompt, chosen, rejected rows: 'toy', 'toy:weak', a hub name or a local file (online: its prompts)."})
-    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset (a file's: train), or a slice: 'train[:10000]'."})
     eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts: 'toy' (its test split), 'toy:valid', a hub name or local file, 'none'."})
     reward_model: str = field(default="toy", metadata={"help": "Scorer: toy, toy_verify, accuracy, a reward model, or module:function."})
     as_chat: bool = field(default=False, metadata={"help": "Wrap plain-string prompts as a user message (chat template)."})
@@ -77,12 +78,13 @@ class Args:
     max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts keep their last tokens (counted)."})
     max_length: int = field(default=1024, metadata={"help": "Prompt + completion; longer completions are cut (counted)."})
     # optimisation
-    max_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
+    max_steps: Optional[int] = field(default=None, metadata={"help": "Optimizer steps; unset: one pass over --dataset (the toy: 120)."})
     batch_size: int = field(default=32, metadata={"help": "Preference pairs per optimizer step, over all processes."})
     micro_batch_size: Optional[int] = field(default=None, metadata={"help": "Pairs per forward pass per process; unset: the batch's share."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward (8B: needed)."})
     learning_rate: float = field(default=5e-6, metadata={"help": "Peak learning rate (paper: 5e-6 offline, 2.5e-6 online)."})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup fraction, then linear decay to 0."})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup over this fraction of the steps."})
+    lr_scheduler: Literal["linear", "constant"] = field(default="linear", metadata={"help": "After warmup: decay to 0, or constant (the authors' code)."})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     adam_eps: float = field(default=1e-5, metadata={"help": "AdamW epsilon."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
@@ -218,24 +220,24 @@ def collate(sequences, pad_id, device):
     return ids.to(device), attn.to(device), loss_mask.to(device)
 
 
-def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.float32, chunk=1024):
+def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.float32, temperature=1.0, chunk=1024):
     """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere. The LM head and log-softmax run
     on completion positions only, `chunk` at a time, recomputed in the backward, in `head_dtype` (fp32: with k = 1
     the log-ratio humanline trains on is ~1e-3, below bf16's rounding of large logits): no (batch, seq, vocab)
-    logits are made, which at 8B with a 128k vocabulary would not fit."""
+    logits are made, which at 8B with a 128k vocabulary would not fit. With `temperature`, of logits / temperature."""
     hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
                    logits_to_keep=1).hidden_states[-1][:, :-1]  # after the final norm; the head ran on one position
     where = loss_mask[:, 1:].bool()
     h, targets, weight = hidden[where], input_ids[:, 1:][where], model.get_output_embeddings().weight
     logps = [torch.utils.checkpoint.checkpoint(head_logps, h[i: i + chunk], weight, targets[i: i + chunk], head_dtype,
-                                               use_reentrant=False) for i in range(0, len(h), chunk)]
+                                               temperature, use_reentrant=False) for i in range(0, len(h), chunk)]
     return torch.zeros(where.shape, device=h.device).masked_scatter(where, torch.cat(logps))
 
 
-def head_logps(h, weight, targets, dtype):
-    """log softmax(h W^T)[target] for each row of h, in `dtype` (outside any autocast)."""
+def head_logps(h, weight, targets, dtype, temperature=1.0):
+    """log softmax(h W^T / temperature)[target] for each row of h, in `dtype` (outside any autocast)."""
     with torch.autocast(h.device.type, enabled=False):
-        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype)).float()
+        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype)).float() / temperature
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
 
@@ -251,7 +253,7 @@ def best_worst_pairs(groups, threshold):
 
 
 def main():
-    args = parse_args(Args, "dpo", checks=lambda a: [
+    args = parse_args(Args, "dpo", checks=lambda a, given: [
         (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
         (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}")])
     rt = setup(args)  # processes, device, seeds
@@ -260,8 +262,10 @@ def main():
     # data: every row is checked before any model loads, so that bad data stops a run in seconds
     if args.offline:
         train_pairs = [(p, c, r) for p, (c, r), _ in load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size)]
-    else:
+        plan_run(args, len(train_pairs), args.batch_size, "pairs", rt.rank)
+    else:  # at most one pair per prompt: a round whose prompts keep fewer pairs gives fewer steps
         train_prompts = load_data(args, "prompts", tokenizer, toy, rt, need=args.round_size)
+        plan_run(args, len(train_prompts), args.batch_size, "prompts", rt.rank)
     eval_prompts = load_data(args, "eval", tokenizer, toy, rt)
 
     # models: the policy, its reference (sharded exactly like it), the scorer; optimizer and schedule
@@ -348,6 +352,7 @@ def parse_args(Args, name, checks):
     parser.error = lambda message: fail(True, message)  # one line, not argparse's usage block (e.g. a bad choice)
     args, unknown = parser.parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
     fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
+    given = {f.name for f in fields(Args) if getattr(args, f.name) != f.default}  # set to other than their default
     explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
     fail(args.humanline and explicit, f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline")
     fail(args.offline and args.online, "choose one of --offline and --online")
@@ -356,13 +361,15 @@ def parse_args(Args, name, checks):
     world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
     if args.micro_batch_size is None:  # one forward per process and step
         args.micro_batch_size = max(1, args.batch_size // world)
-    for rule, ok, flags in (("at least 1", lambda v: v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
+    for rule, ok, flags in (("at least 1", lambda v: v is None or v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
                              "round_size max_new_tokens generation_batch_size reward_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
                             ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
                             ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay"),
                             ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"), ("in (0, 1]", lambda v: 0 < v <= 1, "top_p")):
         for flag in flags.split():
             fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
+    fail(args.sync == "none" and args.sync_every != 1, f"--sync_every {args.sync_every} needs --sync or --humanline")
+    fail(args.system_prompt and not args.as_chat, "--system_prompt needs --as_chat (it is the chat's system message)")
     fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}")
     fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
     fail(args.online and args.max_prompt_length + args.max_new_tokens > args.max_length, "--max_prompt_length + "
@@ -375,13 +382,14 @@ def parse_args(Args, name, checks):
         value = getattr(args, flag)  # a path (not a hub name): it starts with ., / or ~ or ends in a data file's extension
         local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in (".json", ".jsonl", ".parquet", ".csv")
         fail(local and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
-    for bad, message in checks(args):
+    for bad, message in checks(args, given):
         fail(bad, message)
     mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "") \
         + (f"-every{args.sample_every}" if getattr(args, "sample_every", 1) > 1 else "") + ("-humanline" if args.humanline else "")
     if not args.humanline and (args.sync != "none" or args.clip != "none"):
         mode += f"-sync_{args.sync}-clip_{args.clip}"
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}-seed{args.seed}")
+    fail(args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
     if args.plan_only or int(os.environ.get("RANK", 0)) == 0:  # the memory per process, from the configs alone
         print(memory_plan.report(args, name, world, details=args.plan_only))
     if args.plan_only:
@@ -430,7 +438,8 @@ def setup(args):
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # of the compute; weights stay fp32
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
     return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast,
-                           dtype=dtype, head_dtype=torch.float32 if args.fp32_head else dtype)
+                           dtype=dtype, head_dtype=torch.float32 if args.fp32_head else dtype,
+                           logps_temperature=getattr(args, "logps_temperature", 1.0))
 
 
 def load_tokenizer(args):
@@ -496,11 +505,20 @@ def load_model(args, toy, rt):
 
 
 def make_optimizer(policy, args):
-    """AdamW; linear warmup over --warmup_ratio of the steps, then linear decay to 0."""
+    """AdamW; linear warmup over --warmup_ratio of the steps, then linear decay to 0 or (--lr_scheduler constant) not."""
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
-    warmup = max(1, int(args.warmup_ratio * args.max_steps))
-    decay = lambda s: min((s + 1) / warmup, max(0.0, (args.max_steps - s) / max(1, args.max_steps - warmup)))  # noqa: E731
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
+    warmup, end = max(1, int(args.warmup_ratio * args.max_steps)), args.max_steps
+    after = (lambda s: max(0.0, (end - s) / max(1, end - warmup))) if args.lr_scheduler == "linear" else (lambda s: 1.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, after(s)))
+
+
+def plan_run(args, rows, per_step, unit, rank):
+    """--max_steps unset: one pass over the data, `rows` at `per_step` a step (on the built-in toy data 120 steps, the
+    length of the committed figures). Prints the run's plan."""
+    toy = args.dataset == "toy" or args.dataset.startswith("toy:")
+    args.max_steps = args.max_steps or (120 if toy else max(1, rows // per_step))
+    if rank == 0:
+        print(f"run: {args.max_steps} steps x {per_step} {unit} = {args.max_steps * per_step / rows:.2f} passes over {rows} {unit}")
 
 
 # data
@@ -526,7 +544,7 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
             fail(builder is None, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
             with open(name, "rb") as f:
                 fail(not f.read(4096).strip(), f"{name}: no rows")
-            rows = datasets.load_dataset(builder, data_files=name, split="train").to_list()
+            rows = datasets.load_dataset(builder, data_files=name, split="train" if kind == "eval" else args.dataset_split).to_list()
         else:
             rows = datasets.load_dataset(name, split="test" if kind == "eval" else args.dataset_split).to_list()
     except Exception as e:  # noqa: BLE001 (malformed file, unknown dataset, no network: one line)
@@ -808,7 +826,7 @@ def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer
         with torch.no_grad(), rt.autocast:
             for s in tqdm(steps, desc="reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False, dynamic_ncols=True):
                 state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device),
-                                                  rt.head_dtype).cpu()
+                                                  rt.head_dtype, rt.logps_temperature).cpu()
                                       for _, seqs in forward_batches(step_batch(s), args, rt.rank, rt.world)]
         policy.train()
         if hasattr(policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward

@@ -24,13 +24,13 @@ The README explains the memory options, the deviations and the paper's runs.
     # the paper's runs: offline + humanline on instructions (its Table 3 settings), off-policy humanline on math
     torchrun --standalone --nproc_per_node 8 grpo_humanline.py --humanline --learning_rate 5e-6 --max_grad_norm 1.0 --micro_batch_size 8 \\
         --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
-        --gradient_checkpointing --max_steps 312
+        --gradient_checkpointing --dataset_split "train[:10000]" --lr_scheduler constant
     torchrun --standalone --nproc_per_node 8 grpo_humanline.py --online --humanline --sample_every 64 --sync_every 16 --learning_rate 1e-6 \\
         --batch_size 256 --micro_batch_size 8 --adam_eps 1e-8 --weight_decay 0 --top_p 1.0 --max_new_tokens 2048 \\
         --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --dataset DigitalLearningGmbH/MATH-lighteval --as_chat \\
         --system_prompt r1 --reward_funcs tag_count,format,accuracy --eval_prompts HuggingFaceH4/MATH-500 --reward_model accuracy \\
-        --gradient_checkpointing --max_steps 1600 --beta 1e-4 --eps 0.2 --kl_baseline initial --max_length 2560 \\
-        --generation_batch_size 64
+        --gradient_checkpointing --max_steps 1600 --beta 1e-4 --eps 0.2 --max_length 2560 --generation_batch_size 64 \\
+        --logps_temperature 0.7 --advantage_std sample --lr_scheduler constant
 """
 
 import hashlib
@@ -43,7 +43,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Literal, Optional
@@ -73,7 +73,7 @@ class Args:
     # model and data
     model_name_or_path: str = field(default="toy", metadata={"help": "'toy' (the built-in task) or a causal LM."})
     dataset: str = field(default="toy", metadata={"help": "Offline: prompt, chosen, rejected rows; online: prompt (or problem) rows. 'toy', 'toy:weak', a hub name or file."})
-    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset (a file's: train), or a slice: 'train[:10000]'."})
     eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts: 'toy' (its test split), 'toy:valid', a hub name or local file, 'none'."})
     reward_model: str = field(default="toy", metadata={"help": "Evaluation scorer: toy, toy_verify, accuracy, a reward model, or module:function."})
     reward_funcs: str = field(default="", metadata={"help": "Online rewards, comma-separated scorer names (default toy_verify; toy with pairs)."})
@@ -86,18 +86,21 @@ class Args:
     max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts keep their last tokens (counted)."})
     max_length: int = field(default=1024, metadata={"help": "Prompt + completion; longer completions are cut (counted)."})
     # optimisation
-    max_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
+    max_steps: Optional[int] = field(default=None, metadata={"help": "Optimizer steps; unset: one pass over --dataset (the toy: 120)."})
     batch_size: int = field(default=64, metadata={"help": "Sequences per optimizer step, over all processes (groups included)."})
     micro_batch_size: Optional[int] = field(default=None, metadata={"help": "Sequences per forward pass per process; unset: the batch's share."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward (8B: needed)."})
     learning_rate: float = field(default=5e-6, metadata={"help": "Peak learning rate (paper: 5e-6; math 1e-6)."})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup fraction, then linear decay to 0."})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup over this fraction of the steps."})
+    lr_scheduler: Literal["linear", "constant"] = field(default="linear", metadata={"help": "After warmup: decay to 0, or constant (the authors' code)."})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     adam_eps: float = field(default=1e-5, metadata={"help": "AdamW epsilon."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     max_bad_steps: int = field(default=3, metadata={"help": "Steps with a non-finite loss are skipped; this many in a row stop the run."})
     beta: float = field(default=0.01, metadata={"help": "KL coefficient (k3 estimator, against --kl_baseline)."})
     eps: Optional[float] = field(default=None, metadata={"help": "The ratio clip [1 - eps, 1 + eps]. Default: 0.5 plain offline, else 0.15."})
+    logps_temperature: float = field(default=1.0, metadata={"help": "Log-probs of logits / T (the authors' math code: the sampling temperature)."})
+    advantage_std: Literal["population", "sample"] = field(default="population", metadata={"help": "std R: population, or n - 1 plus 1e-4 (the authors' math code)."})
     kl_baseline: Literal["reference", "initial"] = field(default="reference", metadata={"help": "KL against the ratio's denominator or a frozen initial policy."})
     seed: int = field(default=0, metadata={"help": "Random seed (data order, sampling)."})
     # humanline
@@ -133,13 +136,16 @@ class Args:
 
 
 # ALGO LOGIC: advantages and the loss (eq. 1, appendix C.1)
-def group_advantages(rewards, group_size):
+def group_advantages(rewards, group_size, std="population"):
     """A_i = (R_i - mean R) / std R within each group (population std), rewards (n,) laid out group after
-    group; returns (n,). A group of equal rewards gets 0; a group of two distinct rewards exactly -1, +1."""
+    group; returns (n,). A group of equal rewards gets 0; a group of two distinct rewards exactly -1, +1.
+    std="sample": (R_i - mean R) / (std R + 1e-4) with the n - 1 std, as the authors' math code (TRL's)."""
     r = rewards.reshape(-1, group_size)
+    centred = r - r.mean(-1, keepdim=True)
+    if std == "sample":
+        return (centred / (r.std(-1, keepdim=True) + 1e-4)).reshape(-1)
     if group_size == 2:  # the formula's value, exactly: (R_i - mean) / std = sign(R_i - R_j)
         return torch.sign(r - r.flip(-1)).reshape(-1)
-    centred = r - r.mean(-1, keepdim=True)
     std = r.std(-1, unbiased=False, keepdim=True)
     equal = (r == r[:, :1]).all(-1, keepdim=True)  # exact test: a rounded mean may leave a tiny nonzero std
     return torch.where(equal, torch.zeros_like(r), centred / torch.where(equal, torch.ones_like(std), std)).reshape(-1)
@@ -240,12 +246,12 @@ def micro_batches(batch, args, rank, world):
     return [mine[i: i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
 
 
-def group_sequences(groups):
+def group_sequences(groups, std="population"):
     """ALGO LOGIC: groups (prompt_ids, [completion_ids], rewards) -> training sequences, group after group:
     (prompt_ids, completion_ids, advantage, reward)."""
     out = []
     for p, completions, rewards in groups:
-        advantages = group_advantages(torch.tensor(rewards, dtype=torch.float64), len(rewards)).tolist()
+        advantages = group_advantages(torch.tensor(rewards, dtype=torch.float64), len(rewards), std).tolist()
         out += [(p, c, a, r) for c, a, r in zip(completions, advantages, rewards)]
     return out
 
@@ -266,24 +272,24 @@ def collate(sequences, pad_id, device):
     return ids.to(device), attn.to(device), loss_mask.to(device)
 
 
-def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.float32, chunk=1024):
+def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.float32, temperature=1.0, chunk=1024):
     """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere. The LM head and log-softmax run
     on completion positions only, `chunk` at a time, recomputed in the backward, in `head_dtype` (fp32: with k = 1
     the log-ratio humanline trains on is ~1e-3, below bf16's rounding of large logits): no (batch, seq, vocab)
-    logits are made, which at 8B with a 128k vocabulary would not fit."""
+    logits are made, which at 8B with a 128k vocabulary would not fit. With `temperature`, of logits / temperature."""
     hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
                    logits_to_keep=1).hidden_states[-1][:, :-1]  # after the final norm; the head ran on one position
     where = loss_mask[:, 1:].bool()
     h, targets, weight = hidden[where], input_ids[:, 1:][where], model.get_output_embeddings().weight
     logps = [torch.utils.checkpoint.checkpoint(head_logps, h[i: i + chunk], weight, targets[i: i + chunk], head_dtype,
-                                               use_reentrant=False) for i in range(0, len(h), chunk)]
+                                               temperature, use_reentrant=False) for i in range(0, len(h), chunk)]
     return torch.zeros(where.shape, device=h.device).masked_scatter(where, torch.cat(logps))
 
 
-def head_logps(h, weight, targets, dtype):
-    """log softmax(h W^T)[target] for each row of h, in `dtype` (outside any autocast)."""
+def head_logps(h, weight, targets, dtype, temperature=1.0):
+    """log softmax(h W^T / temperature)[target] for each row of h, in `dtype` (outside any autocast)."""
     with torch.autocast(h.device.type, enabled=False):
-        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype)).float()
+        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype)).float() / temperature
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
 
@@ -299,11 +305,15 @@ def best_worst_pairs(groups, threshold):
 
 
 def main():
-    args = parse_args(Args, "grpo", checks=lambda a: [
+    args = parse_args(Args, "grpo", checks=lambda a, given: [
         (a.num_generations < 2 or a.sample_every < 1, "--num_generations must be at least 2 and --sample_every at least 1"),
         (a.pairs_from_samples and (a.offline or a.sample_every != 1), "--pairs_from_samples needs --online and rounds (--round_size), not --sample_every"),
         (a.eps is not None and a.eps <= 0, f"--eps must be above 0, got {a.eps}"),
-        (a.beta < 0, f"--beta must be at least 0, got {a.beta}"),
+        (a.beta < 0 or a.logps_temperature <= 0, f"--beta ({a.beta}) must be at least 0, --logps_temperature ({a.logps_temperature}) above 0"),
+        (a.offline and given & {"sample_every", "reward_funcs", "reward_weights"},
+         "--sample_every, --reward_funcs and --reward_weights act only with --online"),
+        (a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"},
+         "--round_size and --reward_threshold act only with --pairs_from_samples"),
         (a.batch_size % (2 if a.offline or a.pairs_from_samples else a.num_generations),
          f"--batch_size {a.batch_size} must be a multiple of the group size (2 offline and with pairs, else --num_generations)"),
         (len((a.reward_weights or a.reward_funcs or "x").split(",")) != len((a.reward_funcs or "x").split(",")),
@@ -322,6 +332,8 @@ def main():
         train_groups = [(p, cs, [1.0, 0.0]) for p, cs, _ in load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size // 2)]
     else:
         train_prompts = load_data(args, "prompts", tokenizer, toy, rt, need=prompts_per_round)
+    plan_run(args, len(train_groups if args.offline else train_prompts), args.batch_size // group_size,
+             "pairs" if args.offline else "prompts", rt.rank)
     eval_prompts = load_data(args, "eval", tokenizer, toy, rt)
 
     # models: the policy, its reference (sharded exactly like it), the KL baseline, the scorers; optimizer, schedule
@@ -340,7 +352,7 @@ def main():
     def step_batch(s):
         """Step s's sequences: offline a function of s alone; online a slice of the sampled buffer (None past its end)."""
         if args.offline:
-            return group_sequences(offline_batch(train_groups, s, args.batch_size // 2, args.seed))
+            return group_sequences(offline_batch(train_groups, s, args.batch_size // 2, args.seed), args.advantage_std)
         i = s - state.round_start
         return state.round[i * args.batch_size: (i + 1) * args.batch_size] if i < len(state.round) // args.batch_size else None
 
@@ -368,7 +380,7 @@ def main():
                 record["online/kept_frac"] = len(pairs) / len(rows)
             else:  # a group with a bad reward is left out whole: its advantages need every reward
                 groups = [g[1:] for g in groups if None not in g[3]]
-            seqs = group_sequences(groups)
+            seqs = group_sequences(groups, args.advantage_std)
             state.round = seqs[: len(seqs) // args.batch_size * args.batch_size]
             session.log({"step": state.step, "online/round": state.round_index, **record, "online/groups": len(groups),
                          "online/zero_std_frac": sum(len(set(s)) == 1 for _, _, s in groups) / max(1, len(groups)),
@@ -393,10 +405,10 @@ def main():
             ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
             with rt.autocast:
                 with torch.no_grad():
-                    ref_logps = (token_logps(ref, ids, attn, mask, rt.head_dtype) if ref is not None
+                    ref_logps = (token_logps(ref, ids, attn, mask, rt.head_dtype, rt.logps_temperature) if ref is not None
                                  else ahead[micro].to(rt.device))
-                    base_logps = token_logps(base, ids, attn, mask, rt.head_dtype) if base is not None else None
-                policy_logps = token_logps(policy, ids, attn, mask, rt.head_dtype)
+                    base_logps = token_logps(base, ids, attn, mask, rt.head_dtype, rt.logps_temperature) if base is not None else None
+                policy_logps = token_logps(policy, ids, attn, mask, rt.head_dtype, rt.logps_temperature)
             mask = mask[:, 1:]
             # ALGO LOGIC: the ratio's denominator is the reference: frozen offline, synced under --sync, else online
             # the sampler (PPO's theta_old); the KL baseline: the reference, or the initial policy
@@ -432,6 +444,7 @@ def parse_args(Args, name, checks):
     parser.error = lambda message: fail(True, message)  # one line, not argparse's usage block (e.g. a bad choice)
     args, unknown = parser.parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
     fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
+    given = {f.name for f in fields(Args) if getattr(args, f.name) != f.default}  # set to other than their default
     explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
     fail(args.humanline and explicit, f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline")
     fail(args.offline and args.online, "choose one of --offline and --online")
@@ -440,13 +453,15 @@ def parse_args(Args, name, checks):
     world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
     if args.micro_batch_size is None:  # one forward per process and step
         args.micro_batch_size = max(1, args.batch_size // world)
-    for rule, ok, flags in (("at least 1", lambda v: v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
+    for rule, ok, flags in (("at least 1", lambda v: v is None or v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
                              "round_size max_new_tokens generation_batch_size reward_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
                             ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
                             ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay"),
                             ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"), ("in (0, 1]", lambda v: 0 < v <= 1, "top_p")):
         for flag in flags.split():
             fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
+    fail(args.sync == "none" and args.sync_every != 1, f"--sync_every {args.sync_every} needs --sync or --humanline")
+    fail(args.system_prompt and not args.as_chat, "--system_prompt needs --as_chat (it is the chat's system message)")
     fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}")
     fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
     fail(args.online and args.max_prompt_length + args.max_new_tokens > args.max_length, "--max_prompt_length + "
@@ -459,13 +474,14 @@ def parse_args(Args, name, checks):
         value = getattr(args, flag)  # a path (not a hub name): it starts with ., / or ~ or ends in a data file's extension
         local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in (".json", ".jsonl", ".parquet", ".csv")
         fail(local and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
-    for bad, message in checks(args):
+    for bad, message in checks(args, given):
         fail(bad, message)
     mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "") \
         + (f"-every{args.sample_every}" if getattr(args, "sample_every", 1) > 1 else "") + ("-humanline" if args.humanline else "")
     if not args.humanline and (args.sync != "none" or args.clip != "none"):
         mode += f"-sync_{args.sync}-clip_{args.clip}"
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}-seed{args.seed}")
+    fail(args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
     if args.plan_only or int(os.environ.get("RANK", 0)) == 0:  # the memory per process, from the configs alone
         print(memory_plan.report(args, name, world, details=args.plan_only))
     if args.plan_only:
@@ -514,7 +530,8 @@ def setup(args):
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # of the compute; weights stay fp32
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
     return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast,
-                           dtype=dtype, head_dtype=torch.float32 if args.fp32_head else dtype)
+                           dtype=dtype, head_dtype=torch.float32 if args.fp32_head else dtype,
+                           logps_temperature=getattr(args, "logps_temperature", 1.0))
 
 
 def load_tokenizer(args):
@@ -580,11 +597,20 @@ def load_model(args, toy, rt):
 
 
 def make_optimizer(policy, args):
-    """AdamW; linear warmup over --warmup_ratio of the steps, then linear decay to 0."""
+    """AdamW; linear warmup over --warmup_ratio of the steps, then linear decay to 0 or (--lr_scheduler constant) not."""
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
-    warmup = max(1, int(args.warmup_ratio * args.max_steps))
-    decay = lambda s: min((s + 1) / warmup, max(0.0, (args.max_steps - s) / max(1, args.max_steps - warmup)))  # noqa: E731
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
+    warmup, end = max(1, int(args.warmup_ratio * args.max_steps)), args.max_steps
+    after = (lambda s: max(0.0, (end - s) / max(1, end - warmup))) if args.lr_scheduler == "linear" else (lambda s: 1.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, after(s)))
+
+
+def plan_run(args, rows, per_step, unit, rank):
+    """--max_steps unset: one pass over the data, `rows` at `per_step` a step (on the built-in toy data 120 steps, the
+    length of the committed figures). Prints the run's plan."""
+    toy = args.dataset == "toy" or args.dataset.startswith("toy:")
+    args.max_steps = args.max_steps or (120 if toy else max(1, rows // per_step))
+    if rank == 0:
+        print(f"run: {args.max_steps} steps x {per_step} {unit} = {args.max_steps * per_step / rows:.2f} passes over {rows} {unit}")
 
 
 # data
@@ -610,7 +636,7 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
             fail(builder is None, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
             with open(name, "rb") as f:
                 fail(not f.read(4096).strip(), f"{name}: no rows")
-            rows = datasets.load_dataset(builder, data_files=name, split="train").to_list()
+            rows = datasets.load_dataset(builder, data_files=name, split="train" if kind == "eval" else args.dataset_split).to_list()
         else:
             rows = datasets.load_dataset(name, split="test" if kind == "eval" else args.dataset_split).to_list()
     except Exception as e:  # noqa: BLE001 (malformed file, unknown dataset, no network: one line)
@@ -892,7 +918,7 @@ def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer
         with torch.no_grad(), rt.autocast:
             for s in tqdm(steps, desc="reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False, dynamic_ncols=True):
                 state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device),
-                                                  rt.head_dtype).cpu()
+                                                  rt.head_dtype, rt.logps_temperature).cpu()
                                       for _, seqs in forward_batches(step_batch(s), args, rt.rank, rt.world)]
         policy.train()
         if hasattr(policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward

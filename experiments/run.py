@@ -802,8 +802,7 @@ def plot(results, suite, rows, start=None):
 def quick_suites(results):
     """--quick: for 2 steps on a tiny batch, one run of each configuration that takes another code path (`shape`), and
     at least one in each suite, so that every table is made. Rates are the paper's."""
-    quick = ["--max_steps", "2", "--batch_size", "4", "--micro_batch_size", "4", "--num_eval_prompts", "8", "--round_size", "8",
-             "--eval_every", "0"]
+    quick = ["--max_steps", "2", "--batch_size", "4", "--micro_batch_size", "4", "--num_eval_prompts", "8", "--eval_every", "0"]
     full, seen = suites(results, {cell: paper_lr(cell) for cell, _, _ in CELLS}), set()
     out = {}
     for suite in ("main", "sweep", "instances", "offpolicy", "ablations", "quality"):  # main first: the sweep adds no new path
@@ -811,7 +810,10 @@ def quick_suites(results):
         for name, script, flags, seeds in full[suite]:
             if shape(script, flags) not in seen or not out[suite]:
                 seen.add(shape(script, flags))
-                out[suite].append((name, script, strip(flags, "--max_steps") + quick + (["--num_generations", "4"] if script.startswith("grpo") else []), seeds[:1]))
+                grpo, rounds = script.startswith("grpo"), "--online" in flags and "--sample_every" not in flags
+                small = (["--num_generations", "4"] if grpo else []) + (["--round_size", "8"] if rounds and (
+                    not grpo or "--pairs_from_samples" in flags) else [])  # online rounds: 8 prompts
+                out[suite].append((name, script, strip(flags, "--max_steps") + quick + small, seeds[:1]))
     return {suite: out[suite] for suite in full}
 
 

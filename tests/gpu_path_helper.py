@@ -63,8 +63,8 @@ def fsdp(model_dir, out):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    args = dpo.Args(model_name_or_path=model_dir, batch_size=4, micro_batch_size=1, precision="fp32", max_new_tokens=4,
-                    temperature=1.0, top_p=1.0)
+    args = dpo.Args(model_name_or_path=model_dir, max_steps=120, batch_size=4, micro_batch_size=1, precision="fp32",
+                    max_new_tokens=4, temperature=1.0, top_p=1.0)
     rt = dpo.setup(args)
     import torch.distributed as dist
 
@@ -151,7 +151,7 @@ def peak(shape_json, out):
     torch.manual_seed(0)
     config = LlamaConfig(**shape["config"])
     flags = shape["flags"]
-    args = dpo.Args(batch_size=flags["batch_size"], micro_batch_size=flags["micro_batch_size"],
+    args = dpo.Args(max_steps=120, batch_size=flags["batch_size"], micro_batch_size=flags["micro_batch_size"],
                     max_length=flags["max_length"], gradient_checkpointing=flags["gradient_checkpointing"],
                     precision=flags["precision"], eval_prompts="none")
     rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), dtype=torch.float32, head_dtype=torch.float32,

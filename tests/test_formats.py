@@ -337,6 +337,36 @@ def parsed(algo, argv, world=1):
     return got.value.args[0]
 
 
+def planned(algo, argv, rows):
+    """The args main() would train with, after its data loads (`rows` rows, each a preference pair or a prompt): the
+    run length it derives (one pass without --max_steps), stopped before any model loads."""
+    module = SCRIPTS[algo]
+
+    def data(args, kind, *_, **__):
+        return [] if kind == "eval" else [("p", ["c", "r"], [True, False]) if kind != "prompts" else {"prompt": "p"}] * rows
+
+    def stop(args, *_):
+        raise SystemExit(args)
+
+    rt = SimpleNamespace(rank=0, world=1)
+    with mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]), mock.patch.object(module, "setup", lambda a: rt), \
+            mock.patch.object(module, "load_tokenizer", lambda a: (None, None)), mock.patch.object(module, "load_data", data), \
+            mock.patch.object(module, "load_model", stop), mock.patch.object(memory_plan, "read_config", local_config), \
+            contextlib.redirect_stdout(io.StringIO()) as printed:
+        with pytest.raises(SystemExit) as got:
+            module.main()
+    return got.value.code, printed.getvalue()
+
+
+def test_without_max_steps_a_run_takes_one_pass_over_its_data_and_prints_its_plan():
+    args, printed = planned("dpo", ["--dataset", "me/data"], 1000)
+    assert args.max_steps == 31 and "run: 31 steps x 32 pairs = 0.99 passes over 1000 pairs" in printed
+    assert planned("kto", ["--dataset", "me/data"], 1000)[0].max_steps == 31  # 2,000 examples at 64
+    assert planned("grpo", ["--dataset", "me/data", "--online"], 1000)[0].max_steps == 125  # 8 prompts a step
+    assert planned("grpo", ["--dataset", "me/data", "--max_steps", "7"], 1000)[0].max_steps == 7
+    assert planned("dpo", [], 4003)[0].max_steps == 120  # the toy: the length its committed figures were run at
+
+
 def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_papers_runs_carry_table_3():
     found = commands()
     assert {a for _, a, _, _ in found} == {"dpo", "kto", "grpo"} and len(found) >= 12
@@ -349,11 +379,18 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
         if "meta-llama/Meta-Llama-3-8B-Instruct" in argv:  # one of the paper's instruction-following runs
             key = (algo, args.online, args.humanline)
             assert (args.learning_rate, args.max_grad_norm) == TABLE_3[key], f"{where}: {' '.join(argv)}"
-            assert args.online or args.max_steps == 312, f"{where}: one pass over 10K pairs at 32, 20K examples at 64"
+            # one pass: 10K pairs at 32 (DPO), 20K examples at 64 (KTO, GRPO); online 12,288 prompts, a pair each at most
+            rows = int(re.fullmatch(r"train\[:(\d+)\]", args.dataset_split)[1])
+            steps = planned(algo, argv, rows)[0].max_steps
+            assert (rows, steps) == ((12288, 384) if args.online else (10000, 312)), f"{where}: {' '.join(argv)}"
+            assert not args.online or args.round_size == 1024, where
             assert not (algo == "grpo" and args.online) or args.pairs_from_samples, f"{where}: Algorithm 1's pairs"
+            assert args.lr_scheduler == "constant", f"{where}: the authors hold the rate after warmup"
             papers.add(key)
         if "Qwen/Qwen2.5-1.5B-Instruct" in argv:  # the math run, with the authors' values where the paper is silent
-            assert (args.max_steps, args.beta, args.eps, args.kl_baseline) == (1600, 1e-4, 0.2, "initial"), where
+            args = planned(algo, argv, 7500)[0]
+            assert (args.max_steps, args.beta, args.eps, args.kl_baseline, args.logps_temperature, args.advantage_std,
+                    args.lr_scheduler) == (1600, 1e-4, 0.2, "reference", 0.7, "sample", "constant"), where
         if world > 1:  # a GPU run: it fits an 80 GB GPU by the plan, in bf16
             args.precision = "bf16"
             with mock.patch.object(memory_plan, "read_config", local_config):

@@ -57,6 +57,31 @@ def test_token_logps_equal_the_full_vocabulary_log_softmax_and_its_gradient(toy,
     assert all((g - p.grad).abs().max() <= 5e-6 * p.grad.abs().max() for g, p in zip(grads, model.parameters()))
 
 
+def test_token_logps_at_a_temperature_are_the_log_softmax_of_the_logits_over_it(toy):
+    model = AutoModelForCausalLM.from_pretrained(toy.model)
+    ids, attn, mask = toy_batch(toy)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float() / 0.7
+        want = (logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)) * mask[:, 1:]
+        got = dpo.token_logps(model, ids, attn, mask, temperature=0.7)
+        plain = dpo.token_logps(model, ids, attn, mask)
+    assert (got - want).abs().max() <= 1e-6 * want.abs().max() and (got - plain).abs().max() > 0.01
+
+
+@pytest.mark.parametrize("scheduler", ["linear", "constant"])
+def test_the_learning_rate_warms_up_then_decays_or_holds(scheduler):
+    args = SimpleNamespace(learning_rate=1.0, adam_eps=1e-8, weight_decay=0.0, warmup_ratio=0.2, max_steps=10,
+                           lr_scheduler=scheduler)
+    optimizer, schedule = dpo.make_optimizer(torch.nn.Linear(1, 1), args)
+    rates = []
+    for _ in range(10):
+        rates.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.step()
+    # warmup: int(0.2 x 10) = 2 steps, s + 1 over 2; then (10 - s) / 8 or 1
+    assert rates == ([0.5] + [1.0] * 9 if scheduler == "constant" else [0.5, 1.0, 1.0] + [(10 - s) / 8 for s in range(3, 10)])
+
+
 def saved_tensors(fn):
     """The tensors autograd keeps for the backward of fn(), parameters left out: [(shape, dtype)]."""
     seen = []

@@ -70,6 +70,16 @@ def test_group_of_four_by_hand_with_population_std():
     assert adv[4] == pytest.approx(math.sqrt(3), rel=1e-12)
 
 
+def test_the_sample_std_with_its_epsilon_by_hand():
+    """--advantage_std sample (the authors' math code): (R - mean) / (std with n - 1 + 1e-4)."""
+    adv = group_advantages(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0], dtype=torch.float64), 4, "sample")
+    s = math.sqrt((2.25 + 0.25 + 0.25 + 2.25) / 3) + 1e-4  # unbiased variance 5 / 3
+    assert adv.tolist()[:4] == pytest.approx([-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s], rel=1e-12)
+    assert adv.tolist()[4:] == [0.0] * 4
+    pair = group_advantages(torch.tensor([0.0, 1.0], dtype=torch.float64), 2, "sample").tolist()
+    assert pair == pytest.approx([-0.5 / (math.sqrt(0.5) + 1e-4), 0.5 / (math.sqrt(0.5) + 1e-4)], rel=1e-12)  # not +-1
+
+
 # ----------------------------------------------------------------------------------------------
 # grpo_loss: hand-computed values and gradients
 # ----------------------------------------------------------------------------------------------
@@ -374,7 +384,7 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
              ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
     seqs = [(tok(p)["input_ids"], tok(c + tok.eos_token)["input_ids"], 1.0, 1.0) for p, c in texts][:8]  # two steps of 4
     rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False),
-                         head_dtype=torch.float32)
+                         head_dtype=torch.float32, logps_temperature=1.0)
     state = SimpleNamespace(step=3, round_start=3, ref_ahead={}, ref_weights=None)
     step_batch = lambda s: seqs[(s - 3) * 4: (s - 2) * 4] if s - 3 < 2 else None  # noqa: E731 (the buffer: steps 3, 4)
     forwards = lambda batch, args, rank, world: [(m, [x[:2] for x in m]) for m in micro_batches(batch, args, rank, world)]  # noqa: E731

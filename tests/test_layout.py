@@ -18,6 +18,7 @@ import runpy
 import signal
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
@@ -123,6 +124,45 @@ def test_bad_files_stop_with_one_line_naming_file_row_and_column(script, files, 
     assert stop_message(script, ["--dataset", str(files / "empty.jsonl")]).endswith("empty.jsonl: no rows")
     message = stop_message(script, ["--dataset", str(files / "no_rejected.jsonl")])
     assert "no_rejected.jsonl: row 0: missing column 'rejected'" in message
+
+
+# settings that would do nothing are refused (each was once accepted without effect)
+IDLE = [
+    (SCRIPTS, ["--sync_every", "4"], "--sync_every 4 needs --sync or --humanline"),
+    (SCRIPTS, ["--system_prompt", "Be brief."], "--system_prompt needs --as_chat (it is the chat's system message)"),
+    (SCRIPTS[2:], ["--sample_every", "64"], "--sample_every, --reward_funcs and --reward_weights act only with --online"),
+    (SCRIPTS[2:], ["--reward_funcs", "no_such_scorer"], "--sample_every, --reward_funcs and --reward_weights act only"
+                                                        " with --online"),
+    (SCRIPTS[2:], ["--online", "--round_size", "64"], "--round_size and --reward_threshold act only with --pairs_from_samples"),
+]
+
+
+@pytest.mark.parametrize("scripts, flags, message", IDLE, ids=[" ".join(f) for _, f, _ in IDLE])
+def test_a_setting_that_would_have_no_effect_stops_with_one_line(scripts, flags, message, toy):
+    for script in scripts:
+        assert stop_message(script, flags) == message
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_without_a_checkpoint_stops_and_leaves_the_folder_as_it_was(script, tmp_path, toy):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert stop_message(script, ["--resume", "--output_dir", str(tmp_path)]) == f"--resume: no checkpoint in {tmp_path}"
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_dataset_split_selects_rows_of_a_local_file_too(files, toy):
+    rows = [json.dumps({"prompt": f"{i}+1=", "chosen": f"{i + 1}", "rejected": "0"}) for i in range(1, 9)]
+    (files / "eight.jsonl").write_text("\n".join(rows) + "\n")
+    import dpo_humanline
+
+    out, argv = io.StringIO(), ["dpo_humanline.py", "--dataset", str(files / "eight.jsonl"), "--dataset_split", "train[:6]",
+                                "--batch_size", "2", "--eval_prompts", "none"]
+    with mock.patch.object(sys, "argv", argv), mock.patch.object(dpo_humanline, "load_model", lambda *a: sys.exit(0)), \
+            contextlib.redirect_stdout(out), pytest.raises(SystemExit):  # the plan is printed once the data has loaded
+        dpo_humanline.main()
+    assert "run: 3 steps x 2 pairs = 1.00 passes over 6 pairs" in out.getvalue()
+    assert "Unknown split" in stop_message("dpo_humanline.py", ["--dataset", str(files / "eight.jsonl"), "--dataset_split", "test"])
 
 
 def test_the_real_command_line_prints_one_line_and_exits_1(files, toy):

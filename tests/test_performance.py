@@ -240,7 +240,7 @@ def test_reference_ahead_computes_each_batch_once_when_its_reference_is_the_poli
     model = AutoModelForCausalLM.from_pretrained(toy.model)
     args = SimpleNamespace(sync=sync, sync_every=k, max_steps=12)
     rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False),
-                         head_dtype=torch.float32)
+                         head_dtype=torch.float32, logps_temperature=1.0)
     forwards = lambda batch, args, rank, world: [(None, batch)]  # noqa: E731
     state, got = SimpleNamespace(ref_ahead={}, ref_weights=None), {}
     for step in range(reset, 12):
