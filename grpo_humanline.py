@@ -63,76 +63,82 @@ import memory_plan
 import toy_task
 
 
+def arg(default, help):  # a flag: its default and its --help line
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class Args:
     # mode
-    offline: bool = field(default=False, metadata={"help": "Algorithm 2: each preference pair a group of two (the default)."})
-    online: bool = field(default=False, metadata={"help": "Sample groups of --num_generations every --sample_every steps."})
-    humanline: bool = field(default=False, metadata={"help": "= --sync humanline --clip clamp."})
-    pairs_from_samples: bool = field(default=False, metadata={"help": "Online: Algorithm 1's (best, worst) in rounds of --round_size, groups of two."})
+    offline: bool = arg(False, "Algorithm 2: each preference pair a group of two (the default).")
+    online: bool = arg(False, "Sample groups of --num_generations every --sample_every steps.")
+    humanline: bool = arg(False, "= --sync humanline --clip clamp.")
+    pairs_from_samples: bool = arg(False, "Online: Algorithm 1's (best, worst) in rounds of --round_size, groups of two.")
     # model and data
-    model_name_or_path: str = field(default="toy", metadata={"help": "'toy' (the built-in task) or a causal LM."})
-    dataset: str = field(default="toy", metadata={"help": "Offline: prompt, chosen, rejected rows; online: prompt (or problem) rows. 'toy', 'toy:weak', a hub name or file."})
-    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset (a file's: train), or a slice: 'train[:10000]'."})
-    eval_prompts: str = field(default="toy", metadata={"help": "Held-out prompts: 'toy' (its test split), 'toy:valid', a hub name or local file, 'none'."})
-    reward_model: str = field(default="toy", metadata={"help": "Evaluation scorer: toy, toy_verify, accuracy, a reward model, or module:function."})
-    reward_funcs: str = field(default="", metadata={"help": "Online rewards, comma-separated scorer names (default toy_verify; toy with pairs)."})
-    reward_weights: str = field(default="", metadata={"help": "Their weights (default 1 each; tag_count, format, accuracy: 1, 1, 8)."})
-    as_chat: bool = field(default=False, metadata={"help": "Wrap plain-string prompts as a user message (chat template)."})
-    system_prompt: str = field(default="", metadata={"help": "With --as_chat, a system message first ('r1': Open-R1's prompt)."})
-    keep_dropout: bool = field(default=False, metadata={"help": "Keep the model's dropout (off by default, as the log-ratios would be mostly its noise)."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
-    on_bad_reward: Literal["drop", "stop"] = field(default="drop", metadata={"help": "A NaN/None/raising reward: drop the sample (counted) or stop."})
-    max_prompt_length: int = field(default=512, metadata={"help": "Longer prompts keep their last tokens (counted)."})
-    max_length: int = field(default=1024, metadata={"help": "Prompt + completion; longer completions are cut (counted)."})
+    model_name_or_path: str = arg("toy", "'toy' (the built-in task) or a causal LM.")
+    dataset: str = arg("toy", "Offline: prompt, chosen, rejected rows; online: prompt (or problem) rows. 'toy', 'toy:weak', a hub name or file.")
+    dataset_split: str = arg("train", "Split of --dataset (a file's: train), or a slice: 'train[:10000]'.")
+    eval_prompts: str = arg("toy", "Held-out prompts: 'toy' (its test split), 'toy:valid', a hub name or local file, 'none'.")
+    reward_model: str = arg("toy", "Evaluation scorer: toy, toy_verify, accuracy, a reward model, or module:function.")
+    reward_funcs: str = arg("", "Online rewards, comma-separated scorer names (default toy_verify; toy with pairs).")
+    reward_weights: str = arg("", "Their weights (default 1 each; tag_count, format, accuracy: 1, 1, 8).")
+    as_chat: bool = arg(False, "Wrap plain-string prompts as a user message (chat template).")
+    system_prompt: str = arg("", "With --as_chat, a system message first ('r1': Open-R1's prompt).")
+    keep_dropout: bool = arg(False, "Keep the model's dropout (off by default, as the log-ratios would be mostly its noise).")
+    trust_remote_code: bool = arg(False, "Allow custom model code from the hub.")
+    on_bad_reward: Literal["drop", "stop"] = arg("drop", "A NaN/None/raising reward: drop the sample (counted) or stop.")
+    max_prompt_length: int = arg(512, "Longer prompts keep their last tokens (counted).")
+    max_length: int = arg(1024, "Prompt + completion; longer completions are cut (counted).")
     # optimisation
-    max_steps: Optional[int] = field(default=None, metadata={"help": "Optimizer steps; unset: one pass over --dataset (the toy: 120)."})
-    batch_size: int = field(default=64, metadata={"help": "Sequences per optimizer step, over all processes (groups included)."})
-    micro_batch_size: Optional[int] = field(default=None, metadata={"help": "Sequences per forward pass per process; unset: the batch's share."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each decoder layer in the backward (8B: needed)."})
-    learning_rate: float = field(default=5e-6, metadata={"help": "Peak learning rate (paper: 5e-6; math 1e-6)."})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "Linear warmup over this fraction of the steps."})
-    lr_scheduler: Literal["linear", "constant"] = field(default="linear", metadata={"help": "After warmup: decay to 0, or constant (the authors' code)."})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
-    adam_eps: float = field(default=1e-5, metadata={"help": "AdamW epsilon."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
-    max_bad_steps: int = field(default=3, metadata={"help": "Steps with a non-finite loss are skipped; this many in a row stop the run."})
-    beta: float = field(default=0.01, metadata={"help": "KL coefficient (k3 estimator, against --kl_baseline)."})
-    eps: Optional[float] = field(default=None, metadata={"help": "The ratio clip [1 - eps, 1 + eps]. Default: 0.5 plain offline, else 0.15."})
-    logps_temperature: float = field(default=1.0, metadata={"help": "Log-probs of logits / T (the authors' math code: the sampling temperature)."})
-    advantage_std: Literal["population", "sample"] = field(default="population", metadata={"help": "std R: population, or n - 1 plus 1e-4 (the authors' math code)."})
-    kl_baseline: Literal["reference", "initial"] = field(default="reference", metadata={"help": "KL against the ratio's denominator or a frozen initial policy."})
-    seed: int = field(default=0, metadata={"help": "Random seed (data order, sampling)."})
+    max_steps: Optional[int] = arg(None, "Optimizer steps; unset: one pass over --dataset (the toy: 120).")
+    batch_size: int = arg(64, "Sequences per optimizer step, over all processes (groups included).")
+    micro_batch_size: Optional[int] = arg(None, "Sequences per forward pass per process; unset: the batch's share.")
+    gradient_checkpointing: bool = arg(False, "Recompute each decoder layer in the backward (8B: needed).")
+    learning_rate: float = arg(5e-6, "Peak learning rate (paper: 5e-6; math 1e-6).")
+    warmup_ratio: float = arg(0.1, "Linear warmup over this fraction of the steps.")
+    lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0, or constant (the authors' code).")
+    weight_decay: float = arg(0.01, "AdamW weight decay.")
+    adam_eps: float = arg(1e-5, "AdamW epsilon.")
+    max_grad_norm: float = arg(1.0, "Gradient clipping norm.")
+    max_bad_steps: int = arg(3, "Steps with a non-finite loss are skipped; this many in a row stop the run.")
+    beta: float = arg(0.01, "KL coefficient (k3 estimator, against --kl_baseline).")
+    eps: Optional[float] = arg(None, "The ratio clip [1 - eps, 1 + eps]. Default: 0.5 plain offline, else 0.15.")
+    logps_temperature: float = arg(1.0, "Log-probs of logits / T (the authors' math code: the sampling temperature).")
+    advantage_std: Literal["population", "sample"] = arg("population", "std R: population, or n - 1 plus 1e-4 (the authors' math code).")
+    kl_baseline: Literal["reference", "initial"] = arg("reference", "KL against the ratio's denominator or a frozen initial policy.")
+    seed: int = arg(0, "Random seed (data order, sampling).")
     # humanline
-    sync: Optional[Literal["none", "humanline", "trust_region"]] = field(default=None, metadata={"help": "Reference syncing before the update or after it; unset: none (humanline with --humanline)."})
-    sync_every: int = field(default=1, metadata={"help": "k: sync every k optimizer steps."})
-    clip: Optional[Literal["none", "clamp", "sampling"]] = field(default=None, metadata={"help": "Token log-ratio clipping; unset: none (clamp with --humanline)."})
-    log_eps_P: float = field(default=-1.5, metadata={"help": "Lower bound of the token log-ratio."})
-    log_eps_R: float = field(default=1.5, metadata={"help": "Upper bound of the token log-ratio."})
-    sampling_c: float = field(default=humanline_sampling.DEFAULT_C, metadata={"help": "--clip sampling: Beta concentration c."})
-    ref_free: Literal["on", "off"] = field(default="on", metadata={"help": "No reference model: the policy computes its log-probs ahead (off: two models)."})
+    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(None, "Reference syncing before the update or after it; unset: none (humanline with --humanline).")
+    sync_every: int = arg(1, "k: sync every k optimizer steps.")
+    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(None, "Token log-ratio clipping; unset: none (clamp with --humanline).")
+    log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
+    log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
+    sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
+    ref_free: Literal["on", "off"] = arg("on", "No reference model: the policy computes its log-probs ahead (off: two models).")
     # online sampling
-    num_generations: int = field(default=8, metadata={"help": "G: completions sampled per prompt."})
-    sample_every: int = field(default=1, metadata={"help": "Sample every N steps the data of N steps (1: on-policy; paper's math: 64)."})
-    round_size: int = field(default=256, metadata={"help": "--pairs_from_samples: prompts per round (paper: 1024)."})
-    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
-    top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling."})
-    max_new_tokens: int = field(default=40, metadata={"help": "Longest sampled completion (paper: 2048)."})
-    reward_threshold: float = field(default=0.01, metadata={"help": "--pairs_from_samples: tau, keep a pair only if best - worst >= tau."})
-    generation_batch_size: int = field(default=512, metadata={"help": "Sequences per generate() call per process (KV cache)."})
-    reward_batch_size: int = field(default=16, metadata={"help": "Sequences per reward-model forward."})
+    num_generations: int = arg(8, "G: completions sampled per prompt.")
+    sample_every: int = arg(1, "Sample every N steps the data of N steps (1: on-policy; paper's math: 64).")
+    round_size: int = arg(256, "--pairs_from_samples: prompts per round (paper: 1024).")
+    temperature: float = arg(0.7, "Sampling temperature.")
+    top_p: float = arg(0.95, "Nucleus sampling.")
+    max_new_tokens: int = arg(40, "Longest sampled completion (paper: 2048).")
+    reward_threshold: float = arg(0.01, "--pairs_from_samples: tau, keep a pair only if best - worst >= tau.")
+    generation_batch_size: int = arg(512, "Sequences per generate() call per process (KV cache).")
+    reward_batch_size: int = arg(16, "Sequences per reward-model forward.")
     # evaluation, checkpoints, distributed
-    eval_every: int = field(default=20, metadata={"help": "Evaluate at step 0 and every N steps (0: only at the end)."})
-    num_eval_prompts: int = field(default=256, metadata={"help": "Held-out prompts per evaluation."})
-    output_dir: str = field(default="", metadata={"help": "Default: runs/grpo-<mode>-seed<seed>."})
-    save_every: int = field(default=50, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
-    save_total_limit: int = field(default=0, metadata={"help": "Keep only the newest N checkpoints (0: all)."})
-    resume: bool = field(default=False, metadata={"help": "Continue from the newest checkpoint in --output_dir."})
-    log_every: int = field(default=1, metadata={"help": "Write metrics every N steps."})
-    dist_timeout: int = field(default=1800, metadata={"help": "Seconds a collective waits: a dead process stops the run."})
-    precision: Optional[Literal["bf16", "fp32"]] = field(default=None, metadata={"help": "Compute dtype; unset: bf16 on a GPU, fp32 on a CPU (weights, grads, optimizer: fp32)."})
-    fp32_head: bool = field(default=True, metadata={"help": "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16)."})
-    plan_only: bool = field(default=False, metadata={"help": "Print the memory plan per GPU for these flags and exit (loads no weights)."})
+    eval_every: int = arg(20, "Evaluate at step 0 and every N steps (0: only at the end).")
+    num_eval_prompts: int = arg(256, "Held-out prompts per evaluation.")
+    output_dir: str = arg("", "Default: runs/grpo-<mode>-seed<seed>.")
+    save_every: int = arg(50, "Checkpoint every N steps (0: only at the end).")
+    save_total_limit: int = arg(0, "Keep only the newest N checkpoints (0: all).")
+    resume: bool = arg(False, "Continue from the newest checkpoint in --output_dir.")
+    overwrite_output_dir: bool = arg(False, "Replace the run in --output_dir (without it, another run's folder is refused).")
+    report_to: str = arg("none", "Also log to tensorboard, wandb, or both (tensorboard,wandb); metrics.jsonl always.")
+    log_every: int = arg(1, "Write metrics every N steps.")
+    dist_timeout: int = arg(1800, "Seconds a collective waits: a dead process stops the run.")
+    precision: Optional[Literal["bf16", "fp32"]] = arg(None, "Compute dtype; unset: bf16 on a GPU, fp32 on a CPU (weights, grads, optimizer: fp32).")
+    fp32_head: bool = arg(True, "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16).")
+    plan_only: bool = arg(False, "Print the memory plan per GPU for these flags and exit (loads no weights).")
 
 
 # ALGO LOGIC: advantages and the loss (eq. 1, appendix C.1)
@@ -358,7 +364,7 @@ def main():
 
     session = Session(args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state)  # resumes
     evaluate_policy = (lambda: evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)) if eval_prompts else None
-    if evaluate_policy and args.eval_every and state.step == 0:  # every curve starts at the starting policy
+    if evaluate_policy and state.step == 0:  # every curve starts at the starting policy
         session.log({"step": 0} | evaluate_policy())
 
     reset_each_sampling = args.sync == "none" or args.pairs_from_samples
@@ -442,6 +448,8 @@ def parse_args(Args, name, checks):
     """Parse the flags, derive the mode, check every argument: a bad one stops the run with one line naming it."""
     parser = HfArgumentParser(Args)
     parser.error = lambda message: fail(True, message)  # one line, not argparse's usage block (e.g. a bad choice)
+    parser.allow_abbrev = False  # --max_step is a typo, not --max_steps
+    signal.signal(signal.SIGINT, lambda *_: fail(True, "interrupted before training began"))  # no traceback
     args, unknown = parser.parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
     fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
     given = {f.name for f in fields(Args) if getattr(args, f.name) != f.default}  # set to other than their default
@@ -456,11 +464,13 @@ def parse_args(Args, name, checks):
     for rule, ok, flags in (("at least 1", lambda v: v is None or v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
                              "round_size max_new_tokens generation_batch_size reward_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
                             ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
-                            ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay"),
+                            ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay seed"),
                             ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"), ("in (0, 1]", lambda v: 0 < v <= 1, "top_p")):
         for flag in flags.split():
             fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
     fail(args.sync == "none" and args.sync_every != 1, f"--sync_every {args.sync_every} needs --sync or --humanline")
+    fail(not set(args.report_to.split(",")) <= {"none", "tensorboard", "wandb"}, f"--report_to {args.report_to}: "
+         "none, tensorboard, wandb or tensorboard,wandb")
     fail(args.system_prompt and not args.as_chat, "--system_prompt needs --as_chat (it is the chat's system message)")
     fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}")
     fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
@@ -474,18 +484,32 @@ def parse_args(Args, name, checks):
         value = getattr(args, flag)  # a path (not a hub name): it starts with ., / or ~ or ends in a data file's extension
         local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in (".json", ".jsonl", ".parquet", ".csv")
         fail(local and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
+        folder = os.path.isdir(value) and value != "toy"  # (the built-in task's name)
+        fail(folder and flag in ("dataset", "eval_prompts"), f"--{flag} {value}: a directory, not a data file")
+        fail(folder and flag not in ("dataset", "eval_prompts") and not os.path.exists(
+            os.path.join(value, "config.json")), f"--{flag} {value}: no config.json, not a model folder (a run's "
+             "model is written at its end; its checkpoints are checkpoint-N/)")
     for bad, message in checks(args, given):
         fail(bad, message)
     mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "") \
         + (f"-every{args.sample_every}" if getattr(args, "sample_every", 1) > 1 else "") + ("-humanline" if args.humanline else "")
     if not args.humanline and (args.sync != "none" or args.clip != "none"):
         mode += f"-sync_{args.sync}-clip_{args.clip}"
-    args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}-seed{args.seed}")
+    settings = {k: getattr(args, k) for k in sorted(given - set(RESUMABLE) - set(MODE))}  # the rest, by their digest
+    tag = "-" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:6] if settings else ""
+    args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}{tag}-seed{args.seed}")
     fail(args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
+    fail(os.path.exists(os.path.join(args.output_dir, "args.json")) and not (args.resume or args.overwrite_output_dir)
+         and int(os.environ.get("RANK", 0)) == 0, f"--output_dir {args.output_dir} holds another run: --resume "
+         "continues it, --overwrite_output_dir replaces it")
     if args.plan_only or int(os.environ.get("RANK", 0)) == 0:  # the memory per process, from the configs alone
         print(memory_plan.report(args, name, world, details=args.plan_only))
     if args.plan_only:
         sys.exit(0)
+    parent = args.output_dir  # it is made when training starts: now, check that it can be
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent) or "."
+    fail(not os.path.isdir(parent) or not os.access(parent, os.W_OK), f"--output_dir {args.output_dir}: not a writable folder")
     return args
 
 
@@ -651,7 +675,7 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
                               > args.max_prompt_length for i, r in enumerate(encoded))}
     fail(len(encoded) < need, f"{name}: {len(encoded)} rows, fewer than the {need} that one batch or round takes")
     if any(cut.values()) and rt.rank == 0:
-        print(f"{name}: truncated {cut} (see --max_prompt_length, --max_length)")
+        print(f"{name}: {cut} (cut to --max_prompt_length, --max_length; unknown: what the tokenizer cannot encode)")
     return encoded
 
 
@@ -716,7 +740,7 @@ def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
     gives [chosen, rejected] labelled [True, False]; an unpaired row ([prompt,] completion, label; if unpaired_ok)
     [completion], [label]. The prompt keeps its last --max_prompt_length tokens, a completion its first
     --max_length - prompt: returns (rows, {what: how many were cut})."""
-    out, cut = [], {"prompts": 0, "completions": 0}
+    out, cut = [], {"prompts": 0, "completions": 0, "unknown tokens": 0}
     for i, row in enumerate(rows):
         unpaired = unpaired_ok and (row.get("completion") is not None or row.get("label") is not None)
         columns = ("completion", "label") if unpaired else ("chosen", "rejected")
@@ -727,11 +751,13 @@ def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
         prompt, completions = split_prompt(row.get("prompt"), [row[c] for c in columns[: 1 if unpaired else 2]], f"{source}: row {i}")
         p = prompt_ids(tokenizer, as_text(prompt, f"{source}: row {i}, column 'prompt'", tokenizer))
         texts = [as_text(c, f"{source}: row {i}, column '{column}'", tokenizer, prompt) for c, column in zip(completions, columns)]
-        fail(not unpaired and texts[0] == texts[1], f"{source}: row {i}, columns 'chosen'/'rejected': identical completions")
         limit = min(args.max_prompt_length, args.max_length - 1)  # room for one completion token
         cut["prompts"] += len(p) > limit
         p = p[-limit:]
         completions = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        fail(not unpaired and completions[0] == completions[1], f"{source}: row {i}, columns 'chosen'/'rejected': "
+             "identical completions" + (" once tokenised" if texts[0] != texts[-1] else ""))
+        cut["unknown tokens"] += sum(ids.count(tokenizer.unk_token_id) for ids in [p, *completions])
         cut["completions"] += sum(len(p) + len(c) > args.max_length for c in completions)
         out.append((p, [c[: args.max_length - len(p)] for c in completions], [row["label"]] if unpaired else [True, False]))
     return out, cut
@@ -822,7 +848,8 @@ def generate(model, tokenizer, prompts, n, args, greedy, seed):
         ends += [t for t in tokenizer(after, add_special_tokens=False)["input_ids"][:1] if t in tokenizer.added_tokens_decoder]
     out, finished, per_call = [], [], max(1, args.generation_batch_size // n)
     sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
-    for i in range(0, len(prompts), per_call):
+    calls = range(0, len(prompts), per_call)
+    for i in tqdm(calls, desc="sampling", leave=False, dynamic_ncols=True, disable=len(calls) < 2 or int(os.environ.get("RANK", 0))):
         enc = tokenizer.pad({"input_ids": prompts[i: i + per_call]}, padding_side="left", return_tensors="pt")
         try:  # gathered weights: no collective in a forward, so processes need not decode in step (synced_gpus)
             seqs = model.generate(**enc.to(next(model.parameters()).device), max_new_tokens=args.max_new_tokens,
@@ -969,23 +996,34 @@ class Session:
             self.load(ckpt)
         if rt.rank == 0:
             os.makedirs(args.output_dir, exist_ok=True)
-            for d in os.listdir(args.output_dir):  # half-written checkpoints of a killed run (never loaded)
-                if d.startswith("checkpoint-") and d.endswith(".tmp"):
+            for d in os.listdir(args.output_dir):  # half-written checkpoints of a killed run; all with --overwrite
+                if d.startswith("checkpoint-") and (d.endswith(".tmp") or args.overwrite_output_dir and not ckpt):
                     shutil.rmtree(os.path.join(args.output_dir, d), ignore_errors=True)
             with open(os.path.join(args.output_dir, "args.json"), "w") as f:
                 json.dump(asdict(args) | {"provenance": provenance()}, f, indent=2)
             self.file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), state.step)
             if ckpt:
                 print(f"resumed from {ckpt} at step {state.step}")
-        # a SIGTERM (preemption; torchrun passes it on) asks for a checkpoint after the current step and a clean exit
-        signal.signal(signal.SIGTERM, lambda signum, frame: self.stop.append(signum))
+        self.trackers = open_trackers(args) if rt.rank == 0 else []
+        # SIGTERM (preemption; torchrun passes it on) or Ctrl-C: a checkpoint after the current step and a clean exit
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.interrupt)
         self.bar = tqdm(total=args.max_steps, initial=state.step, desc=os.path.basename(os.path.normpath(args.output_dir)),
                         disable=rt.rank != 0, dynamic_ncols=True)
 
+    def interrupt(self, signum, frame):
+        fail(self.stop and signum == signal.SIGINT, "interrupted twice: stopped without a checkpoint")
+        self.stop.append(signum)
+        if self.rt.rank == 0:
+            print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint", file=sys.stderr)
+
     def log(self, record):
+        """One line of metrics.jsonl, and a record of each --report_to tracker."""
         if self.rt.rank == 0:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+            for write, _ in self.trackers:
+                write(record)
 
     def agree(self, sums):
         """(skip, stop): a non-finite loss on any process skips the step everywhere; a SIGTERM stops every process."""
@@ -1023,7 +1061,7 @@ class Session:
         if stop:
             self.bar.close()
             if self.rt.rank == 0:
-                print(f"SIGTERM: stopped after step {state.step} with a checkpoint; continue with --resume")
+                print(f"{signal.Signals(self.stop[0]).name}: stopped after step {state.step} with a checkpoint; continue with --resume")
             if self.rt.distributed:
                 dist.destroy_process_group()
             sys.exit(0)
@@ -1089,6 +1127,8 @@ class Session:
     def finish(self):
         """The final model: the last checkpoint's files, linked into --output_dir (gathered and written once)."""
         self.bar.close()
+        for _, close in self.trackers:
+            close()
         if self.rt.rank == 0:
             last = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")  # the last step always saves
             for f in os.listdir(last) if os.path.isdir(last) else []:
@@ -1100,8 +1140,35 @@ class Session:
             dist.destroy_process_group()
 
 
+MODE = ("offline", "online", "humanline", "sync", "clip", "pairs_from_samples", "sample_every", "seed", "plan_only")
 RESUMABLE = ("resume", "output_dir", "save_every", "log_every", "eval_every", "num_eval_prompts", "eval_prompts", "dist_timeout",
+             "report_to", "overwrite_output_dir", "save_total_limit",
              "on_bad_reward", "max_bad_steps", "trust_remote_code")
+
+
+def open_trackers(args):
+    """--report_to: [(write(record), close())] for TensorBoard (output_dir/tensorboard) and W&B (project
+    $WANDB_PROJECT or humanline, continued by --resume), each record's keys at its step, the arguments as config."""
+    trackers = []
+    for name in [n for n in args.report_to.split(",") if n != "none"]:
+        try:
+            tracker = importlib.import_module("torch.utils.tensorboard" if name == "tensorboard" else "wandb")
+        except ImportError:
+            fail(True, f"--report_to {name}: the package is not installed (pip install {name})")
+        if name == "tensorboard":
+            tb = tracker.SummaryWriter(os.path.join(args.output_dir, "tensorboard"))
+            tb.add_text("args", json.dumps(asdict(args), indent=2))
+            trackers.append((lambda r: [tb.add_scalar(k, v, r["step"]) for k, v in r.items() if k != "step"], tb.close))
+        else:
+            id_file = os.path.join(args.output_dir, "wandb_id")
+            run_id = open(id_file).read() if args.resume and os.path.exists(id_file) else os.urandom(6).hex()
+            with open(id_file, "w") as f:
+                f.write(run_id)
+            run = tracker.init(project=os.environ.get("WANDB_PROJECT", "humanline"), id=run_id, resume="allow",
+                               name=os.path.basename(os.path.normpath(args.output_dir)), config=asdict(args),
+                               dir=args.output_dir)
+            trackers.append((lambda r: run.log({k: v for k, v in r.items() if k != "step"}, step=r["step"]), run.finish))
+    return trackers
 
 
 def checkpoints(output_dir):  # the complete ones, oldest first

@@ -12,6 +12,16 @@ import toy_task
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+@pytest.fixture(autouse=True)
+def signal_handlers():
+    """The scripts install SIGTERM and SIGINT handlers (a checkpoint, then a clean exit); after each test pytest's own
+    are back, so that Ctrl-C still stops the suite."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
 @pytest.fixture(scope="session")
 def toy() -> toy_task.ToyPaths:
     return toy_task.load()

@@ -378,7 +378,7 @@ def test_plain_rows_tokenise_to_prompt_and_completion_with_eos(tok):
     assert p == ids(tok, PROMPT) and len(p) == len(PROMPT)  # one token per character, no BOS
     assert c == ids(tok, RIGHT) + [tok.eos_token_id]
     assert r == ids(tok, DROPPED) + [tok.eos_token_id]
-    assert counts == {"truncated_prompts": 0, "truncated_completions": 0}
+    assert counts == {"truncated_prompts": 0, "truncated_completions": 0, "truncated_unknown tokens": 0}
 
 
 @pytest.mark.parametrize("column", ["prompt", "chosen", "rejected"])
@@ -481,7 +481,7 @@ def test_truncation_keeps_the_prompt_end_and_the_completion_start(tok):
 
 def test_truncated_prompts_are_counted_once_per_row(tok):
     _, counts = encode_pairs(truncation_rows(), tok, Args(max_prompt_length=4, max_length=10))
-    assert counts == {"truncated_prompts": 1, "truncated_completions": 1}
+    assert counts == {"truncated_prompts": 1, "truncated_completions": 1, "truncated_unknown tokens": 0}
 
 
 def test_prompt_longer_than_max_length_never_yields_an_overlong_sequence(tok):
@@ -490,7 +490,7 @@ def test_prompt_longer_than_max_length_never_yields_an_overlong_sequence(tok):
     (p, c, r), = pairs
     # the prompt keeps its last 5 tokens, leaving room for one completion token each
     assert p == ids(tok, PROMPT)[-5:] and len(c) == len(r) == 1
-    assert counts == {"truncated_prompts": 1, "truncated_completions": 2}
+    assert counts == {"truncated_prompts": 1, "truncated_completions": 2, "truncated_unknown tokens": 0}
 
 
 # ----------------------------------------------------------------------------------------------

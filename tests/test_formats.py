@@ -118,7 +118,7 @@ def test_every_preference_shape_encodes_as_its_explicit_form(llama, shape):
         assert tokenizer.decode(encoded[5][0], skip_special_tokens=True) == QUESTIONS[5][0] + " It is"
     else:
         assert encoded == expected
-    assert cut == {"prompts": 0, "completions": 0}
+    assert cut == {"prompts": 0, "completions": 0, "unknown tokens": 0}
     (p, (c, r), labels), q = expected[5], QUESTIONS[5]
     assert labels == [True, False] and p.count(tokenizer.bos_token_id) == 1 and p[0] == tokenizer.bos_token_id
     end = tokenizer.convert_tokens_to_ids(EOT if explicit == "conversational" else EOS)
@@ -186,7 +186,7 @@ def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tm
                              add_special_tokens=False)["input_ids"]) for r in rows]
     assert max(lengths[:-2]) <= 60 < min(lengths[-2:])  # the template's BOS counted once
     dpo_humanline.load_data(args, "prompts", tokenizer, None, SimpleNamespace(rank=0, world=1))
-    assert "truncated {'prompts': 2}" in capsys.readouterr().out
+    assert ": {'prompts': 2} (cut to --max_prompt_length" in capsys.readouterr().out
 
 
 def test_a_chat_template_that_renders_the_prompt_differently_is_an_error_naming_the_row(llama):
@@ -292,17 +292,19 @@ TABLE_3 = {("dpo", False, False): (5e-6, 1.0), ("dpo", False, True): (5e-6, 1.0)
 
 
 def commands():
-    """Every command line that runs one of the scripts, in the docstrings and in the README's code blocks:
-    (where, script, its flags, the process count torchrun gives it)."""
+    """Every command line that runs one of the scripts, in the docstrings and in the code blocks of the README and
+    docs/: (where, script, its flags, the process count torchrun gives it)."""
     texts = [(f"{n}_humanline.py docstring", m.__doc__) for n, m in SCRIPTS.items()]
-    with open(os.path.join(ROOT, "README.md")) as f:
-        texts += [("README.md", block) for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", f.read(), re.S)]
+    for page in ["README.md"] + sorted(os.path.join("docs", p) for p in os.listdir(os.path.join(ROOT, "docs"))):
+        with open(os.path.join(ROOT, page)) as f:
+            texts += [(page, block) for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", f.read(), re.S)]
     found = []
     for where, text in texts:
         for line in text.replace("\\\\\n", " ").replace("\\\n", " ").splitlines():
             words = shlex.split(re.split(r"\s#", line)[0].strip()) if "_humanline.py" in line else []
             script = next((w for w in words if re.fullmatch(r"(dpo|kto|grpo)_humanline\.py", w)), None)
-            if script and not any(w.startswith(("$", "<")) or w == "--help" for w in words):
+            # not a run: placeholders, --help, --plan_only, or the user's own files (my_*), which do not exist here
+            if script and not any(w.startswith(("$", "<", "my_")) or w in ("--help", "--plan_only") for w in words):
                 i = words.index(script)
                 nproc = int(words[words.index("--nproc_per_node") + 1]) if "--nproc_per_node" in words[:i] else 1
                 found.append((where, script.split("_")[0], words[i + 1:], nproc))
@@ -406,12 +408,12 @@ def test_a_batch_the_processes_do_not_divide_stops_at_start_up_naming_the_flags(
 
 
 def plan_table():
-    """The README's table of the memory plan per GPU for each of the paper's documented runs (8 processes, bf16)."""
-    lines = ["| run (README command) | sharded states | + training | + generation | + scoring | peak per GPU (GiB) |",
+    """docs/paper-runs.md's table of the memory plan per GPU for each of the paper's runs (8 processes, bf16)."""
+    lines = ["| run (command above) | sharded states | + training | + generation | + scoring | peak per GPU (GiB) |",
              "|---|---|---|---|---|---|"]
     seen = set()
     for where, algo, argv, world in commands():
-        if world < 8 or where != "README.md":
+        if world < 8 or where != os.path.join("docs", "paper-runs.md"):
             continue
         args = parsed(algo, argv, world)
         args.precision = "bf16"
@@ -427,7 +429,7 @@ def plan_table():
     return lines
 
 
-def test_the_readme_gives_the_memory_plan_of_each_of_the_papers_runs():
-    with open(os.path.join(ROOT, "README.md")) as f:
+def test_the_docs_give_the_memory_plan_of_each_of_the_papers_runs():
+    with open(os.path.join(ROOT, "docs", "paper-runs.md")) as f:
         readme = f.read().splitlines()
     assert all(line in readme for line in plan_table()), "\n".join(plan_table())

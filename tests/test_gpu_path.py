@@ -323,4 +323,4 @@ def test_one_process_samples_trains_and_evaluates_under_bf16_autocast(script, fl
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records if "loss" in r] == [1, 2]
     assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)
-    assert "online/reward" in records[0] and "eval/reward" in records[-1]
+    assert "eval/reward" in records[0] and "online/reward" in records[1] and "eval/reward" in records[-1]

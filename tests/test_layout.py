@@ -165,6 +165,71 @@ def test_dataset_split_selects_rows_of_a_local_file_too(files, toy):
     assert "Unknown split" in stop_message("dpo_humanline.py", ["--dataset", str(files / "eight.jsonl"), "--dataset_split", "test"])
 
 
+def test_a_newcomers_slips_stop_with_one_line_naming_the_flag(files, tmp_path, toy):
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "run").mkdir()
+    for script in SCRIPTS:
+        assert stop_message(script, ["--max_step", "3"]) == "unknown arguments: --max_step 3 (--help lists them)"
+        assert stop_message(script, ["--seed", "-1"]) == "--seed must be at least 0, got -1"
+        assert stop_message(script, ["--output_dir", str(tmp_path / "a_file")]) == f"--output_dir {tmp_path}/a_file: not a writable folder"
+    assert stop_message("dpo_humanline.py", ["--dataset", str(files)]) == f"--dataset {files}: a directory, not a data file"
+    assert stop_message("kto_humanline.py", ["--model_name_or_path", str(tmp_path / "run")]).startswith(
+        f"--model_name_or_path {tmp_path}/run: no config.json, not a model folder")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_folder_holding_another_run_is_written_only_with_resume_or_overwrite(script, tmp_path, toy):
+    out, flags = tmp_path / "run", ["--max_steps", "2", "--batch_size", "8", "--save_every", "1"]
+
+    def run(*extra):  # None when the run finishes, else the line it stopped with
+        try:
+            return stop_message(script, [*flags, "--output_dir", str(out), *extra])
+        except pytest.fail.Exception:
+            return None
+
+    assert run() is None
+    assert (out / "checkpoint-2").exists() and (out / "checkpoint-1").exists()
+    assert run() == f"--output_dir {out} holds another run: --resume continues it, --overwrite_output_dir replaces it"
+    (out / "checkpoint-2").rename(out / "checkpoint-7")  # a later run's, which the overwrite must not leave behind
+    assert run("--overwrite_output_dir", "--save_every", "0") is None
+    assert sorted(d for d in os.listdir(out) if d.startswith("checkpoint-")) == ["checkpoint-2"]
+
+
+def test_completions_the_tokenizer_cannot_tell_apart_stop_and_unknown_characters_are_counted(tmp_path, toy):
+    wide = tmp_path / "wide.jsonl"  # full-width digits: the toy tokenizer knows none of them
+    wide.write_text(json.dumps({"prompt": "1+1=", "chosen": "\uff12", "rejected": "\uff13"}) + "\n")
+    assert stop_message("dpo_humanline.py", ["--dataset", str(wide)]) == (
+        f"{wide}: row 0, columns 'chosen'/'rejected': identical completions once tokenised")
+    spaced = tmp_path / "spaced.jsonl"  # a space before each completion, unknown to the toy tokenizer too
+    spaced.write_text("".join(json.dumps({"prompt": f"{i}+1=", "chosen": f" {i + 1}", "rejected": " 0"}) + "\n"
+                              for i in range(1, 9)))
+    out = io.StringIO()
+    with mock.patch.object(sys, "argv", ["dpo_humanline.py", "--dataset", str(spaced), "--batch_size", "8",
+                                         "--eval_prompts", "none", "--output_dir", str(tmp_path / "o")]), \
+            mock.patch("dpo_humanline.load_model", lambda *a: sys.exit(0)), contextlib.redirect_stdout(out), \
+            pytest.raises(SystemExit):
+        __import__("dpo_humanline").main()
+    assert f"{spaced}: {{'prompts': 0, 'completions': 0, 'unknown tokens': 16}}" in out.getvalue()
+
+
+def test_the_default_output_dir_tells_runs_of_other_settings_apart():
+    import dpo_humanline
+
+    def out(*flags):  # parse_args shows the plan (--plan_only) with the settings it derived, then exits
+        seen = []
+        with mock.patch.object(sys, "argv", ["dpo_humanline.py", *flags, "--plan_only"]), pytest.raises(SystemExit), \
+                mock.patch.object(dpo_humanline.memory_plan, "report", lambda args, *_, **__: seen.append(args) or ""), \
+                contextlib.redirect_stdout(io.StringIO()):
+            dpo_humanline.parse_args(dpo_humanline.Args, "dpo", lambda a, g: [])
+        return seen[0].output_dir
+
+    assert out() == os.path.join("runs", "dpo-offline-seed0") and out("--seed", "3").endswith("dpo-offline-seed3")
+    assert out("--humanline") == os.path.join("runs", "dpo-offline-humanline-seed0")
+    assert len({out("--humanline"), out("--humanline", "--sync_every", "4"), out("--humanline", "--learning_rate", "1e-4"),
+                out("--humanline", "--sync_every", "2")}) == 4
+    assert out("--humanline", "--eval_every", "5") == out("--humanline")  # bookkeeping does not change the run
+
+
 def test_the_real_command_line_prints_one_line_and_exits_1(files, toy):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run([sys.executable, "grpo_humanline.py", "--dataset", str(files / "no_rejected.jsonl")], cwd=ROOT,
@@ -174,26 +239,43 @@ def test_the_real_command_line_prints_one_line_and_exits_1(files, toy):
                                                 "(rows need [prompt,] chosen, rejected)"]
 
 
-def test_every_file_the_readme_links_exists():
+def test_every_link_of_the_readme_and_the_docs_resolves_to_a_file_and_heading():
+    import glob
     import re
 
-    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", source("README.md"))
-    local = [link for link in links if not link.startswith(("http://", "https://", "mailto:"))]
-    assert len(local) > 10  # the file table, the results' tables and plots
-    missing = [link for link in local if not os.path.exists(os.path.join(ROOT, link))]
-    assert not missing, f"README links to missing files: {missing}"
+    def anchors(path):  # GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens
+        with open(path) as f:
+            return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", f.read(), re.M)}
+
+    pages = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    assert len(pages) >= 7
+    broken, count = [], 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", open(page).read()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            count += 1
+            path, _, anchor = target.partition("#")
+            path = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            if not os.path.exists(path) or (anchor and anchor not in anchors(path)):
+                broken.append(f"{os.path.relpath(page, ROOT)}: {target}")
+    assert count > 40 and not broken, broken
+
+
+def test_the_readme_is_a_five_minute_read():
+    assert len(source("README.md").splitlines()) <= 250
 
 
 def test_the_readme_setup_is_the_one_the_runs_recorded():
     setup = open(os.path.join(ROOT, "experiments", "results", "setup.md")).read()
-    assert setup.count("\n| ") >= 12 and setup in source("README.md")
+    assert setup.count("\n| ") >= 12 and setup in source(os.path.join("docs", "results.md"))
 
 
-def test_every_results_table_row_in_the_readme_is_a_row_of_a_generated_table():
+def test_every_results_table_row_in_the_docs_is_a_row_of_a_generated_table():
     import glob
 
-    readme = source("README.md")
-    section = readme[readme.index("## Results on the toy task"):readme.index("\n## ", readme.index("## Results on the toy task") + 1)]
+    results = source(os.path.join("docs", "results.md"))
+    section = results[results.index("## Results on the toy task"):]
     generated = "".join(open(f).read() for f in glob.glob(os.path.join(ROOT, "experiments", "results", "**", "*.md"), recursive=True))
     rows = [line for line in section.splitlines() if line.startswith("| ")]
     assert len(rows) > 20

@@ -321,7 +321,7 @@ def test_bad_rewards_drop_their_group_grpo(tmp_path, toy):
 def test_on_bad_reward_stop_names_the_prompt(tmp_path, toy):
     with pytest.raises(SystemExit) as e:
         run_here("kto_humanline.py", [*ONLINE["kto_humanline.py"], "--max_steps", "2", "--on_bad_reward", "stop",
-                                      "--reward_model", "tests.faulty_rewards:flaky"], tmp_path)
+                                      "--reward_model", "tests.faulty_rewards:flaky", "--eval_prompts", "none"], tmp_path)
     assert re.fullmatch(r"stopping: the reward tests.faulty_rewards:flaky of prompt '\d+\+\d+=' (is (nan|inf|None)|raised ValueError: cannot score .*) "
                         r"\(\d+ bad rewards in this batch\); --on_bad_reward drop would leave such samples out", str(e.value)), str(e.value)
     assert not steps(str(tmp_path))  # stopped in the first round, before any update
@@ -391,7 +391,24 @@ def test_truncation_is_counted_and_reported(uninterrupted, tok):
     with open(m.toy_task.load().offline["strong"]) as f:
         _, counts = m.encode_rows([json.loads(line) for line in f], tok, args, "toy")
     assert counts["completions"] > 0
-    assert f"truncated {counts}" in uninterrupted[1]
+    assert f": {counts} (cut to --max_prompt_length, --max_length" in uninterrupted[1]
+
+
+def test_ctrl_c_stops_like_sigterm_and_a_second_one_stops_at_once(tmp_path, toy):
+    out = tmp_path / "run"
+    started = Started("dpo_humanline.py", ["--max_steps", "400", "--save_every", "0"], out)
+    started.wait_for(lambda: len(steps(str(out))) >= 2)
+    os.kill(started.proc.pid, signal.SIGINT)  # what Ctrl-C sends
+    assert started.wait() == 0 and "Traceback" not in started.output, started.output[-3000:]
+    last = max(steps(str(out)))
+    assert f"SIGINT: stopped after step {last} with a checkpoint" in started.output
+    assert checkpoints(str(out)) == [f"checkpoint-{last}"]
+    again = Started("dpo_humanline.py", ["--max_steps", "400", "--save_every", "0", "--resume"], out)
+    again.wait_for(lambda: max(steps(str(out))) > last)
+    os.kill(again.proc.pid, signal.SIGINT)
+    os.kill(again.proc.pid, signal.SIGINT)
+    assert again.wait() == 1 and again.output.rstrip().endswith("interrupted twice: stopped without a checkpoint")
+    assert "Traceback" not in again.output
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(uninterrupted, tmp_path):
