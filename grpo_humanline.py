@@ -22,13 +22,15 @@ The README explains the memory options, the deviations and the paper's runs.
 
     python grpo_humanline.py --offline --humanline                     # the toy task on a CPU, about half a minute
     # the paper's runs: offline + humanline on instructions (its Table 3 settings), off-policy humanline on math
-    torchrun --standalone --nproc_per_node 8 grpo_humanline.py --humanline --learning_rate 5e-6 --max_grad_norm 1.0 --micro_batch_size 8 \\
-        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none \\
-        --gradient_checkpointing --dataset_split "train[:10000]" --lr_scheduler constant
-    torchrun --standalone --nproc_per_node 8 grpo_humanline.py --online --humanline --sample_every 64 --sync_every 16 --learning_rate 1e-6 \\
-        --batch_size 256 --micro_batch_size 8 --adam_eps 1e-8 --weight_decay 0 --top_p 1.0 --max_new_tokens 2048 \\
-        --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --dataset DigitalLearningGmbH/MATH-lighteval --as_chat \\
-        --system_prompt r1 --reward_funcs tag_count,format,accuracy --eval_prompts HuggingFaceH4/MATH-500 --reward_model accuracy \\
+    torchrun --standalone --nproc_per_node 8 grpo_humanline.py --humanline --learning_rate 5e-6 --max_grad_norm 1.0 \\
+        --micro_batch_size 8 --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct \\
+        --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none --gradient_checkpointing \\
+        --dataset_split "train[:10000]" --lr_scheduler constant
+    torchrun --standalone --nproc_per_node 8 grpo_humanline.py --online --humanline --sample_every 64 --sync_every 16 \\
+        --learning_rate 1e-6 --batch_size 256 --micro_batch_size 8 --adam_eps 1e-8 --weight_decay 0 --top_p 1.0 \\
+        --max_new_tokens 2048 --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct \\
+        --dataset DigitalLearningGmbH/MATH-lighteval --as_chat --system_prompt r1 \\
+        --reward_funcs tag_count,format,accuracy --eval_prompts HuggingFaceH4/MATH-500 --reward_model accuracy \\
         --gradient_checkpointing --max_steps 1600 --beta 1e-4 --eps 0.2 --max_length 2560 --generation_batch_size 64 \\
         --logps_temperature 0.7 --advantage_std sample --lr_scheduler constant
 """
@@ -54,8 +56,6 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 import transformers
 from tqdm.auto import tqdm
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser,
-                          set_seed)
 
 import humanline_sampling
 import math_rewards
@@ -73,20 +73,23 @@ class Args:
     offline: bool = arg(False, "Algorithm 2: each preference pair a group of two (the default).")
     online: bool = arg(False, "Sample groups of --num_generations every --sample_every steps.")
     humanline: bool = arg(False, "= --sync humanline --clip clamp.")
-    pairs_from_samples: bool = arg(False, "Online: Algorithm 1's (best, worst) in rounds of --round_size, groups of two.")
+    pairs_from_samples: bool = arg(False, "Online: Algorithm 1's (best, worst) pairs in rounds, as groups of two.")
     # model and data
     model_name_or_path: str = arg("toy", "'toy' (the built-in task) or a causal LM.")
-    dataset: str = arg("toy", "Offline: prompt, chosen, rejected rows; online: prompt (or problem) rows. 'toy', 'toy:weak', a hub name or file.")
+    dataset: str = arg(
+        "toy",
+        "Offline: prompt, chosen, rejected rows; online: prompt (or problem) rows. 'toy', 'toy:weak', a hub name or file.",
+    )
     dataset_split: str = arg("train", "Split of --dataset (a file's: train), or a slice: 'train[:10000]'.")
-    eval_prompts: str = arg("toy", "Held-out prompts: 'toy' (its test split), 'toy:valid', a hub name or local file, 'none'.")
+    eval_prompts: str = arg("toy", "Held-out prompts: 'toy' (test split), 'toy:valid', a hub name, a file, or 'none'.")
     reward_model: str = arg("toy", "Evaluation scorer: toy, toy_verify, accuracy, a reward model, or module:function.")
     reward_funcs: str = arg("", "Online rewards, comma-separated scorer names (default toy_verify; toy with pairs).")
     reward_weights: str = arg("", "Their weights (default 1 each; tag_count, format, accuracy: 1, 1, 8).")
     as_chat: bool = arg(False, "Wrap plain-string prompts as a user message (chat template).")
     system_prompt: str = arg("", "With --as_chat, a system message first ('r1': Open-R1's prompt).")
-    keep_dropout: bool = arg(False, "Keep the model's dropout (off by default, as the log-ratios would be mostly its noise).")
+    keep_dropout: bool = arg(False, "Keep the model's dropout (off: the log-ratios would be mostly its noise).")
     trust_remote_code: bool = arg(False, "Allow custom model code from the hub.")
-    on_bad_reward: Literal["drop", "stop"] = arg("drop", "A NaN/None/raising reward: drop the sample (counted) or stop.")
+    on_bad_reward: Literal["drop", "stop"] = arg("drop", "A NaN, None or raising reward: drop the sample, or stop.")
     max_prompt_length: int = arg(512, "Longer prompts keep their last tokens (counted).")
     max_length: int = arg(1024, "Prompt + completion; longer completions are cut (counted).")
     # optimisation
@@ -96,7 +99,7 @@ class Args:
     gradient_checkpointing: bool = arg(False, "Recompute each decoder layer in the backward (8B: needed).")
     learning_rate: float = arg(5e-6, "Peak learning rate (paper: 5e-6; math 1e-6).")
     warmup_ratio: float = arg(0.1, "Linear warmup over this fraction of the steps.")
-    lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0, or constant (the authors' code).")
+    lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0, or constant (the authors').")
     weight_decay: float = arg(0.01, "AdamW weight decay.")
     adam_eps: float = arg(1e-5, "AdamW epsilon.")
     max_grad_norm: float = arg(1.0, "Gradient clipping norm.")
@@ -104,17 +107,17 @@ class Args:
     beta: float = arg(0.01, "KL coefficient (k3 estimator, against --kl_baseline).")
     eps: Optional[float] = arg(None, "The ratio clip [1 - eps, 1 + eps]. Default: 0.5 plain offline, else 0.15.")
     logps_temperature: float = arg(1.0, "Log-probs of logits / T (the authors' math code: the sampling temperature).")
-    advantage_std: Literal["population", "sample"] = arg("population", "std R: population, or n - 1 plus 1e-4 (the authors' math code).")
-    kl_baseline: Literal["reference", "initial"] = arg("reference", "KL against the ratio's denominator or a frozen initial policy.")
+    advantage_std: Literal["population", "sample"] = arg("population", "Or sample: n - 1, plus 1e-4 (authors' math).")
+    kl_baseline: Literal["reference", "initial"] = arg("reference", "The ratio's denominator, or the initial policy.")
     seed: int = arg(0, "Random seed (data order, sampling).")
     # humanline
-    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(None, "Reference syncing before the update or after it; unset: none (humanline with --humanline).")
+    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(None, "Before/after the update; unset: none.")
     sync_every: int = arg(1, "k: sync every k optimizer steps.")
-    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(None, "Token log-ratio clipping; unset: none (clamp with --humanline).")
+    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(None, "Token log-ratio clipping; unset: none.")
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
-    ref_free: Literal["on", "off"] = arg("on", "No reference model: the policy computes its log-probs ahead (off: two models).")
+    ref_free: Literal["on", "off"] = arg("on", "on: the policy computes reference log-probs ahead; off: two models.")
     # online sampling
     num_generations: int = arg(8, "G: completions sampled per prompt.")
     sample_every: int = arg(1, "Sample every N steps the data of N steps (1: on-policy; paper's math: 64).")
@@ -132,11 +135,11 @@ class Args:
     save_every: int = arg(50, "Checkpoint every N steps (0: only at the end).")
     save_total_limit: int = arg(0, "Keep only the newest N checkpoints (0: all).")
     resume: bool = arg(False, "Continue from the newest checkpoint in --output_dir.")
-    overwrite_output_dir: bool = arg(False, "Replace the run in --output_dir (without it, another run's folder is refused).")
+    overwrite_output_dir: bool = arg(False, "Replace the run in --output_dir (else another run's folder is refused).")
     report_to: str = arg("none", "Also log to tensorboard, wandb, or both (tensorboard,wandb); metrics.jsonl always.")
     log_every: int = arg(1, "Write metrics every N steps.")
     dist_timeout: int = arg(1800, "Seconds a collective waits: a dead process stops the run.")
-    precision: Optional[Literal["bf16", "fp32"]] = arg(None, "Compute dtype; unset: bf16 on a GPU, fp32 on a CPU (weights, grads, optimizer: fp32).")
+    precision: Optional[Literal["bf16", "fp32"]] = arg(None, "Compute dtype; unset: bf16 on a GPU, else fp32.")
     fp32_head: bool = arg(True, "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16).")
     plan_only: bool = arg(False, "Print the memory plan per GPU for these flags and exit (loads no weights).")
 
@@ -157,8 +160,19 @@ def group_advantages(rewards, group_size, std="population"):
     return torch.where(equal, torch.zeros_like(r), centred / torch.where(equal, torch.ones_like(std), std)).reshape(-1)
 
 
-def grpo_loss(policy_logps, ref_logps, baseline_logps, mask, advantages, eps, beta, log_eps_P=None, log_eps_R=None,
-              num_tokens=None, rejected=None):
+def grpo_loss(
+    policy_logps,
+    ref_logps,
+    baseline_logps,
+    mask,
+    advantages,
+    eps,
+    beta,
+    log_eps_P=None,
+    log_eps_R=None,
+    num_tokens=None,
+    rejected=None,
+):
     """GRPO (eq. 1) on per-token log-probs: the mean over valid tokens of
     -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta KL_t, r = exp(policy - ref), KL_t = exp(q - p) - (q - p) - 1
     with p = policy_logps, q = baseline_logps (k3 estimator). Tensors (batch, seq), mask 1 on completion
@@ -243,13 +257,13 @@ def offline_batch(examples, step, batch_size, seed):
     """A step's offline batch: one fixed permutation per epoch, so the batch depends on the step only."""
     epoch, pos = divmod(step, len(examples) // batch_size)
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(stream_seed(seed, "data", epoch)))
-    return [examples[i] for i in order[pos * batch_size: (pos + 1) * batch_size].tolist()]
+    return [examples[i] for i in order[pos * batch_size : (pos + 1) * batch_size].tolist()]
 
 
 def micro_batches(batch, args, rank, world):
     """This process's share of a step's batch, in micro-batches of --micro_batch_size."""
-    mine = batch[rank * len(batch) // world: (rank + 1) * len(batch) // world]
-    return [mine[i: i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
+    mine = batch[rank * len(batch) // world : (rank + 1) * len(batch) // world]
+    return [mine[i : i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
 
 
 def group_sequences(groups, std="population"):
@@ -274,7 +288,7 @@ def collate(sequences, pad_id, device):
     attn, loss_mask = torch.zeros(len(sequences), width, dtype=torch.long), torch.zeros(len(sequences), width)
     for j, (p, c) in enumerate(sequences):
         ids[j, : len(p) + len(c)], attn[j, : len(p) + len(c)] = torch.tensor(p + c), 1
-        loss_mask[j, len(p): len(p) + len(c)] = 1
+        loss_mask[j, len(p) : len(p) + len(c)] = 1
     return ids.to(device), attn.to(device), loss_mask.to(device)
 
 
@@ -283,12 +297,13 @@ def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.fl
     on completion positions only, `chunk` at a time, recomputed in the backward, in `head_dtype` (fp32: with k = 1
     the log-ratio humanline trains on is ~1e-3, below bf16's rounding of large logits): no (batch, seq, vocab)
     logits are made, which at 8B with a 128k vocabulary would not fit. With `temperature`, of logits / temperature."""
-    hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
-                   logits_to_keep=1).hidden_states[-1][:, :-1]  # after the final norm; the head ran on one position
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True)
+    hidden = model(**inputs, logits_to_keep=1).hidden_states[-1][:, :-1]  # after the final norm (the head: 1 position)
     where = loss_mask[:, 1:].bool()
     h, targets, weight = hidden[where], input_ids[:, 1:][where], model.get_output_embeddings().weight
-    logps = [torch.utils.checkpoint.checkpoint(head_logps, h[i: i + chunk], weight, targets[i: i + chunk], head_dtype,
-                                               temperature, use_reentrant=False) for i in range(0, len(h), chunk)]
+    starts = range(0, len(h), chunk)
+    chunks = [(h[i : i + chunk], weight, targets[i : i + chunk], head_dtype, temperature) for i in starts]
+    logps = [torch.utils.checkpoint.checkpoint(head_logps, *c, use_reentrant=False) for c in chunks]
     return torch.zeros(where.shape, device=h.device).masked_scatter(where, torch.cat(logps))
 
 
@@ -311,35 +326,67 @@ def best_worst_pairs(groups, threshold):
 
 
 def main():
-    args = parse_args(Args, "grpo", checks=lambda a, given: [
-        (a.num_generations < 2 or a.sample_every < 1, "--num_generations must be at least 2 and --sample_every at least 1"),
-        (a.pairs_from_samples and (a.offline or a.sample_every != 1), "--pairs_from_samples needs --online and rounds (--round_size), not --sample_every"),
-        (a.eps is not None and a.eps <= 0, f"--eps must be above 0, got {a.eps}"),
-        (a.beta < 0 or a.logps_temperature <= 0, f"--beta ({a.beta}) must be at least 0, --logps_temperature ({a.logps_temperature}) above 0"),
-        (a.offline and given & {"sample_every", "reward_funcs", "reward_weights"},
-         "--sample_every, --reward_funcs and --reward_weights act only with --online"),
-        (a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"},
-         "--round_size and --reward_threshold act only with --pairs_from_samples"),
-        (a.batch_size % (2 if a.offline or a.pairs_from_samples else a.num_generations),
-         f"--batch_size {a.batch_size} must be a multiple of the group size (2 offline and with pairs, else --num_generations)"),
-        (len((a.reward_weights or a.reward_funcs or "x").split(",")) != len((a.reward_funcs or "x").split(",")),
-         f"--reward_weights {a.reward_weights} needs one weight per --reward_funcs name ({a.reward_funcs})")])
+    args = parse_args(
+        Args,
+        "grpo",
+        checks=lambda a, given: [
+            (
+                a.num_generations < 2 or a.sample_every < 1,
+                "--num_generations must be at least 2 and --sample_every at least 1",
+            ),
+            (
+                a.pairs_from_samples and (a.offline or a.sample_every != 1),
+                "--pairs_from_samples needs --online and rounds (--round_size), not --sample_every",
+            ),
+            (a.eps is not None and a.eps <= 0, f"--eps must be above 0, got {a.eps}"),
+            (
+                a.beta < 0 or a.logps_temperature <= 0,
+                f"--beta ({a.beta}) must be at least 0, --logps_temperature ({a.logps_temperature}) above 0",
+            ),
+            (
+                a.offline and given & {"sample_every", "reward_funcs", "reward_weights"},
+                "--sample_every, --reward_funcs and --reward_weights act only with --online",
+            ),
+            (
+                a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"},
+                "--round_size and --reward_threshold act only with --pairs_from_samples",
+            ),
+            (
+                a.batch_size % (2 if a.offline or a.pairs_from_samples else a.num_generations),
+                f"--batch_size {a.batch_size} must be a multiple of the group size (2 offline and with pairs, else --num_generations)",
+            ),
+            (
+                len((a.reward_weights or a.reward_funcs or "x").split(",")) != len((a.reward_funcs or "x").split(",")),
+                f"--reward_weights {a.reward_weights} needs one weight per --reward_funcs name ({a.reward_funcs})",
+            ),
+        ],
+    )
     if args.eps is None:  # the paper: 0.5 for plain offline GRPO, 0.15 for everything else
         args.eps = 0.5 if args.offline and args.sync == "none" and args.clip == "none" else 0.15
     args.reward_funcs = args.reward_funcs or ("toy" if args.pairs_from_samples else "toy_verify")
     args.reward_weights = args.reward_weights or math_rewards.default_weights(args.reward_funcs.split(","))
     group_size = 2 if args.offline or args.pairs_from_samples else args.num_generations
-    prompts_per_round = args.round_size if args.pairs_from_samples else args.sample_every * args.batch_size // group_size
+    prompts_per_round = (
+        args.round_size if args.pairs_from_samples else args.sample_every * args.batch_size // group_size
+    )
     rt = setup(args)  # processes, device, seeds
     tokenizer, toy = load_tokenizer(args)
 
     # data: every row is checked before any model loads, so that bad data stops a run in seconds
     if args.offline:  # ALGO LOGIC: Algorithm 2: each pair a group of two whose rewards rank chosen first
-        train_groups = [(p, cs, [1.0, 0.0]) for p, cs, _ in load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size // 2)]
+        train_groups = [
+            (p, cs, [1.0, 0.0])
+            for p, cs, _ in load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size // 2)
+        ]
     else:
         train_prompts = load_data(args, "prompts", tokenizer, toy, rt, need=prompts_per_round)
-    plan_run(args, len(train_groups if args.offline else train_prompts), args.batch_size // group_size,
-             "pairs" if args.offline else "prompts", rt.rank)
+    plan_run(
+        args,
+        len(train_groups if args.offline else train_prompts),
+        args.batch_size // group_size,
+        "pairs" if args.offline else "prompts",
+        rt.rank,
+    )
     eval_prompts = load_data(args, "eval", tokenizer, toy, rt)
 
     # models: the policy, its reference (sharded exactly like it), the KL baseline, the scorers; optimizer, schedule
@@ -348,10 +395,19 @@ def main():
     base = None  # --kl_baseline initial: a frozen starting policy (unless the reference is one: offline, never synced)
     if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
         base = load_model(args, toy, rt).eval().requires_grad_(False)
-    reward_fns = [(n, float(w), make_scorer(n, args, rt)) for n, w in zip(args.reward_funcs.split(","), args.reward_weights.split(","))] if args.online else []
+    reward_fns = (
+        [
+            (n, float(w), make_scorer(n, args, rt))
+            for n, w in zip(args.reward_funcs.split(","), args.reward_weights.split(","))
+        ]
+        if args.online
+        else []
+    )
     scorer = make_scorer(args.reward_model, args, rt) if eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
-    sampling_params = humanline_sampling.limit_parameters(math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c)
+    sampling_params = humanline_sampling.limit_parameters(
+        math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c
+    )
     sampling_gen = torch.Generator(rt.device).manual_seed(stream_seed(args.seed, "rejection", rt.rank))
     state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead={}, ref_weights=None, bad_steps=0)
 
@@ -360,7 +416,11 @@ def main():
         if args.offline:
             return group_sequences(offline_batch(train_groups, s, args.batch_size // 2, args.seed), args.advantage_std)
         i = s - state.round_start
-        return state.round[i * args.batch_size: (i + 1) * args.batch_size] if i < len(state.round) // args.batch_size else None
+        return (
+            state.round[i * args.batch_size : (i + 1) * args.batch_size]
+            if i < len(state.round) // args.batch_size
+            else None
+        )
 
     session = Session(args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state)  # resumes
     evaluate_policy = (lambda: evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)) if eval_prompts else None
@@ -376,8 +436,13 @@ def main():
             # with pairs, Algorithm 1's round start (syncing goes on within the round)
             if reset_each_sampling:
                 sync_reference(ref, policy)
-            rows = [train_prompts[i] for i in round_prompts(len(train_prompts), prompts_per_round, state.round_index, args.seed)]
-            groups, record = sample_and_score(policy, tokenizer, reward_fns, rows, args.num_generations, args, state.round_index, rt)
+            rows = [
+                train_prompts[i]
+                for i in round_prompts(len(train_prompts), prompts_per_round, state.round_index, args.seed)
+            ]
+            groups, record = sample_and_score(
+                policy, tokenizer, reward_fns, rows, args.num_generations, args, state.round_index, rt
+            )
             state.round_index, state.round_start = state.round_index + 1, state.step
             if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
                 pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
@@ -388,20 +453,44 @@ def main():
                 groups = [g[1:] for g in groups if None not in g[3]]
             seqs = group_sequences(groups, args.advantage_std)
             state.round = seqs[: len(seqs) // args.batch_size * args.batch_size]
-            session.log({"step": state.step, "online/round": state.round_index, **record, "online/groups": len(groups),
-                         "online/zero_std_frac": sum(len(set(s)) == 1 for _, _, s in groups) / max(1, len(groups)),
-                         "online/steps": len(state.round) // args.batch_size, "online/seconds": time.time() - t0})
+            session.log(
+                {
+                    "step": state.step,
+                    "online/round": state.round_index,
+                    **record,
+                    "online/groups": len(groups),
+                    "online/zero_std_frac": sum(len(set(s)) == 1 for _, _, s in groups) / max(1, len(groups)),
+                    "online/steps": len(state.round) // args.batch_size,
+                    "online/seconds": time.time() - t0,
+                }
+            )
             if not state.round:
-                raise SystemExit(f"round {state.round_index} gave {len(groups)} groups, fewer than one batch of {args.batch_size} "
-                                 "sequences; raise --round_size or lower --reward_threshold (pairs), or use more prompts")
+                raise SystemExit(
+                    f"round {state.round_index} gave {len(groups)} groups, fewer than one batch of {args.batch_size} "
+                    "sequences; raise --round_size or lower --reward_threshold (pairs), or use more prompts"
+                )
             continue
         # REF-FREE: the policy as it is now is (or is about to be synced into) the reference of a run of steps
-        ref_seconds = 0.0 if ref is not None else reference_ahead(
-            policy, state, state.round_start if reset_each_sampling else None, step_batch, forward_batches, tokenizer, args, rt)
+        ref_seconds = (
+            0.0
+            if ref is not None
+            else reference_ahead(
+                policy,
+                state,
+                state.round_start if reset_each_sampling else None,
+                step_batch,
+                forward_batches,
+                tokenizer,
+                args,
+                rt,
+            )
+        )
         ahead = state.ref_ahead.pop(state.step, None)
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens over all micro-batches and processes
-        n_tokens = torch.tensor(float(sum(len(c) for _, sequences in forwards for _, c in sequences)), dtype=torch.float64, device=rt.device)
+        n_tokens = torch.tensor(
+            float(sum(len(c) for _, sequences in forwards for _, c in sequences)), dtype=torch.float64, device=rt.device
+        )
         if rt.world > 1:
             dist.all_reduce(n_tokens)
         n_tokens = max(1.0, n_tokens.item())
@@ -411,9 +500,16 @@ def main():
             ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
             with rt.autocast:
                 with torch.no_grad():
-                    ref_logps = (token_logps(ref, ids, attn, mask, rt.head_dtype, rt.logps_temperature) if ref is not None
-                                 else ahead[micro].to(rt.device))
-                    base_logps = token_logps(base, ids, attn, mask, rt.head_dtype, rt.logps_temperature) if base is not None else None
+                    ref_logps = (
+                        token_logps(ref, ids, attn, mask, rt.head_dtype, rt.logps_temperature)
+                        if ref is not None
+                        else ahead[micro].to(rt.device)
+                    )
+                    base_logps = (
+                        token_logps(base, ids, attn, mask, rt.head_dtype, rt.logps_temperature)
+                        if base is not None
+                        else None
+                    )
                 policy_logps = token_logps(policy, ids, attn, mask, rt.head_dtype, rt.logps_temperature)
             mask = mask[:, 1:]
             # ALGO LOGIC: the ratio's denominator is the reference: frozen offline, synced under --sync, else online
@@ -421,32 +517,69 @@ def main():
             baseline = ref_logps if base is None else base_logps
             bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             rejected = None
-            if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens' ratios are detached instead of clamped
-                rejected = humanline_sampling.rejection_mask(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
+            if (
+                args.clip == "sampling"
+            ):  # HUMANLINE: the ablation: rejected tokens' ratios are detached instead of clamped
+                rejected = humanline_sampling.rejection_mask(
+                    policy_logps, ref_logps, *sampling_params, generator=sampling_gen
+                )
             advantages = torch.tensor([s[2] for s in seqs], device=rt.device)
-            loss, metrics = grpo_loss(policy_logps, ref_logps, baseline, mask, advantages, args.eps, args.beta, *bounds,
-                                      num_tokens=n_tokens, rejected=rejected)
+            loss, metrics = grpo_loss(
+                policy_logps,
+                ref_logps,
+                baseline,
+                mask,
+                advantages,
+                args.eps,
+                args.beta,
+                *bounds,
+                num_tokens=n_tokens,
+                rejected=rejected,
+            )
             (loss * rt.world).backward()  # FSDP2 averages the gradients over processes
-            accumulate(sums, metrics | {
-                "tokens": mask.sum(), "completion_length": mask.sum(-1),
-                "humanline/clamped_frac": clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)}
-                | ({"reward": torch.tensor([s[3] for s in seqs])} if args.online else {}))
+            accumulate(
+                sums,
+                metrics
+                | {
+                    "tokens": mask.sum(),
+                    "completion_length": mask.sum(-1),
+                    "humanline/clamped_frac": clamped_fraction(
+                        policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R
+                    ),
+                }
+                | ({"reward": torch.tensor([s[3] for s in seqs])} if args.online else {}),
+            )
 
         skip, stop = session.agree(sums)  # a non-finite loss skips the step; a SIGTERM stops after it
         lr = scheduler.get_last_lr()[0]
-        grad_norm, sync_seconds = optimizer_step(policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync,
-                                                 args.sync_every, state.step, skip=skip)
-        session.end_step(sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy, extra={"perf/sync_seconds": ref_seconds + sync_seconds}
-                         | ({"online/round": state.round_index, "online/staleness": state.step - state.round_start} if args.online else {}))
+        grad_norm, sync_seconds = optimizer_step(
+            policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, state.step, skip=skip
+        )
+        session.end_step(
+            sums,
+            grad_norm,
+            lr,
+            skip,
+            stop,
+            t0,
+            cpu0,
+            evaluate_policy,
+            extra={"perf/sync_seconds": ref_seconds + sync_seconds}
+            | (
+                {"online/round": state.round_index, "online/staleness": state.step - state.round_start}
+                if args.online
+                else {}
+            ),
+        )
     session.finish()
 
 
-# ============ TRY NOT TO MODIFY: everything below is plumbing, identical in the three scripts (tests/test_layout.py) ============
+# ============ TRY NOT TO MODIFY: everything below is plumbing, identical in the three scripts ============
 
 
 def parse_args(Args, name, checks):
     """Parse the flags, derive the mode, check every argument: a bad one stops the run with one line naming it."""
-    parser = HfArgumentParser(Args)
+    parser = transformers.HfArgumentParser(Args)
     parser.error = lambda message: fail(True, message)  # one line, not argparse's usage block (e.g. a bad choice)
     parser.allow_abbrev = False  # --max_step is a typo, not --max_steps
     signal.signal(signal.SIGINT, lambda *_: fail(True, "interrupted before training began"))  # no traceback
@@ -454,54 +587,59 @@ def parse_args(Args, name, checks):
     fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
     given = {f.name for f in fields(Args) if getattr(args, f.name) != f.default}  # set to other than their default
     explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
-    fail(args.humanline and explicit, f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline")
+    fail(args.humanline and explicit, f"--humanline means --sync humanline --clip clamp: drop {explicit} or it")
     fail(args.offline and args.online, "choose one of --offline and --online")
     args.offline = not args.online
     args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
     world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
     if args.micro_batch_size is None:  # one forward per process and step
         args.micro_batch_size = max(1, args.batch_size // world)
-    for rule, ok, flags in (("at least 1", lambda v: v is None or v >= 1, "max_steps batch_size micro_batch_size sync_every max_bad_steps "
-                             "round_size max_new_tokens generation_batch_size reward_batch_size num_eval_prompts log_every max_prompt_length dist_timeout"),
-                            ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
-                            ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay seed"),
-                            ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"), ("in (0, 1]", lambda v: 0 < v <= 1, "top_p")):
+    positive = "max_steps batch_size micro_batch_size sync_every max_bad_steps round_size max_new_tokens log_every "
+    for rule, ok, flags in [
+        ("at least 1", lambda v: v is None or v >= 1, positive + "generation_batch_size reward_batch_size"),
+        ("at least 1", lambda v: v >= 1, "num_eval_prompts max_prompt_length dist_timeout"),
+        ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
+        ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay seed"),
+        ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"),
+        ("in (0, 1]", lambda v: 0 < v <= 1, "top_p"),
+    ]:
         for flag in flags.split():
             fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
     fail(args.sync == "none" and args.sync_every != 1, f"--sync_every {args.sync_every} needs --sync or --humanline")
-    fail(not set(args.report_to.split(",")) <= {"none", "tensorboard", "wandb"}, f"--report_to {args.report_to}: "
-         "none, tensorboard, wandb or tensorboard,wandb")
+    trackers = f"--report_to {args.report_to}: none, tensorboard, wandb or tensorboard,wandb"
+    fail(not set(args.report_to.split(",")) <= {"none", "tensorboard", "wandb"}, trackers)
     fail(args.system_prompt and not args.as_chat, "--system_prompt needs --as_chat (it is the chat's system message)")
-    fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}")
-    fail(args.max_prompt_length >= args.max_length, f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})")
-    fail(args.online and args.max_prompt_length + args.max_new_tokens > args.max_length, "--max_prompt_length + "
-         f"--max_new_tokens = {args.max_prompt_length + args.max_new_tokens} is above --max_length {args.max_length}: "
-         "samples would be cut before training")
-    fail(args.batch_size % (args.micro_batch_size * world), f"--batch_size {args.batch_size} must be a multiple of "
-         f"--micro_batch_size x processes = {args.micro_batch_size} x {world}")
+    fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}")
+    lengths = f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})"
+    fail(args.max_prompt_length >= args.max_length, lengths)
+    longest = args.max_prompt_length + args.max_new_tokens
+    cut = f"--max_prompt_length + --max_new_tokens = {longest} is above --max_length {args.max_length}: samples would"
+    fail(args.online and longest > args.max_length, cut + " be cut before training")
+    batch = f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes"
+    fail(args.batch_size % (args.micro_batch_size * world), f"{batch} = {args.micro_batch_size} x {world}")
     args.precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
     for flag in ("model_name_or_path", "dataset", "eval_prompts", "reward_model"):
-        value = getattr(args, flag)  # a path (not a hub name): it starts with ., / or ~ or ends in a data file's extension
-        local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in (".json", ".jsonl", ".parquet", ".csv")
+        value = getattr(args, flag)  # a path, not a hub name: it starts with ., / or ~ or ends in a data file's suffix
+        local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in SUFFIXES
         fail(local and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
-        folder = os.path.isdir(value) and value != "toy"  # (the built-in task's name)
-        fail(folder and flag in ("dataset", "eval_prompts"), f"--{flag} {value}: a directory, not a data file")
-        fail(folder and flag not in ("dataset", "eval_prompts") and not os.path.exists(
-            os.path.join(value, "config.json")), f"--{flag} {value}: no config.json, not a model folder (a run's "
-             "model is written at its end; its checkpoints are checkpoint-N/)")
+        data, folder = flag in ("dataset", "eval_prompts"), os.path.isdir(value) and value != "toy"  # (the built-in)
+        fail(folder and data, f"--{flag} {value}: a directory, not a data file")
+        no_model = f"--{flag} {value}: no config.json, not a model folder (a run's model is written at its end)"
+        fail(folder and not data and not os.path.exists(os.path.join(value, "config.json")), no_model)
     for bad, message in checks(args, given):
         fail(bad, message)
-    mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "") \
-        + (f"-every{args.sample_every}" if getattr(args, "sample_every", 1) > 1 else "") + ("-humanline" if args.humanline else "")
+    mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "")
+    mode += f"-every{args.sample_every}" if getattr(args, "sample_every", 1) > 1 else ""
+    mode += "-humanline" * args.humanline
     if not args.humanline and (args.sync != "none" or args.clip != "none"):
         mode += f"-sync_{args.sync}-clip_{args.clip}"
     settings = {k: getattr(args, k) for k in sorted(given - set(RESUMABLE) - set(MODE))}  # the rest, by their digest
     tag = "-" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:6] if settings else ""
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}{tag}-seed{args.seed}")
     fail(args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
-    fail(os.path.exists(os.path.join(args.output_dir, "args.json")) and not (args.resume or args.overwrite_output_dir)
-         and int(os.environ.get("RANK", 0)) == 0, f"--output_dir {args.output_dir} holds another run: --resume "
-         "continues it, --overwrite_output_dir replaces it")
+    taken = os.path.exists(os.path.join(args.output_dir, "args.json")) and int(os.environ.get("RANK", 0)) == 0
+    replace = "holds another run: --resume continues it, --overwrite_output_dir replaces it"
+    fail(taken and not (args.resume or args.overwrite_output_dir), f"--output_dir {args.output_dir} {replace}")
     if args.plan_only or int(os.environ.get("RANK", 0)) == 0:  # the memory per process, from the configs alone
         print(memory_plan.report(args, name, world, details=args.plan_only))
     if args.plan_only:
@@ -509,7 +647,8 @@ def parse_args(Args, name, checks):
     parent = args.output_dir  # it is made when training starts: now, check that it can be
     while not os.path.exists(parent):
         parent = os.path.dirname(parent) or "."
-    fail(not os.path.isdir(parent) or not os.access(parent, os.W_OK), f"--output_dir {args.output_dir}: not a writable folder")
+    writable = os.path.isdir(parent) and os.access(parent, os.W_OK)
+    fail(not writable, f"--output_dir {args.output_dir}: not a writable folder")
     return args
 
 
@@ -519,6 +658,7 @@ def fail(condition, message):
 
 
 STREAMS = ("init", "data", "prompts", "sampling", "shuffle", "rejection")
+SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}  # local data files
 
 
 def stream_seed(seed, stream, *index):
@@ -532,36 +672,42 @@ def provenance():
     task (the scripts, the modules they import, toy/SHA256SUMS) and the library versions."""
     here, files = os.path.dirname(os.path.abspath(__file__)), [f"{a}_humanline.py" for a in ("dpo", "kto", "grpo")]
     files += ["humanline_sampling.py", "math_rewards.py", "toy_task.py", "toy/SHA256SUMS"]
+
+    def git(*a):
+        return subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=30).stdout.strip()
+
     try:
-        git = lambda *a: subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=30).stdout.strip()  # noqa: E731
         commit, dirty = git("rev-parse", "HEAD") or None, bool(git("status", "--porcelain", "--", *files))
     except (OSError, subprocess.SubprocessError):  # no git: no commit
         commit, dirty = None, None
-    code = hashlib.sha256(b"".join(open(os.path.join(here, f), "rb").read() for f in files if os.path.exists(os.path.join(here, f))))
-    return dict(commit=commit, dirty=dirty, code=code.hexdigest()[:16], torch=torch.__version__, transformers=transformers.__version__)
+    code = b"".join(open(os.path.join(here, f), "rb").read() for f in files if os.path.exists(os.path.join(here, f)))
+    versions = dict(torch=torch.__version__, transformers=transformers.__version__)
+    return dict(commit=commit, dirty=dirty, code=hashlib.sha256(code).hexdigest()[:16], **versions)
 
 
 def setup(args):
     """Processes (torchrun sets RANK/WORLD_SIZE; otherwise one), device and seeds."""
-    distributed = "RANK" in os.environ
+    distributed, cuda = "RANK" in os.environ, torch.cuda.is_available()
     if distributed:  # a dead or hung peer raises after --dist_timeout, never hangs
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=args.dist_timeout))
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=args.dist_timeout))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda":
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
+    if cuda:
         torch.cuda.set_device(device)
-    set_seed(stream_seed(args.seed, "init", rank))
+    transformers.set_seed(stream_seed(args.seed, "init", rank))
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # of the compute; weights stay fp32
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
-    return SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, autocast=autocast,
-                           dtype=dtype, head_dtype=torch.float32 if args.fp32_head else dtype,
-                           logps_temperature=getattr(args, "logps_temperature", 1.0))
+    rt = SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, dtype=dtype)
+    rt.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
+    rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's --logps_temperature; 1 elsewhere
+    return rt
 
 
 def load_tokenizer(args):
-    uses_toy = any(v == "toy" or v.startswith("toy:") for v in (args.model_name_or_path, args.dataset, args.eval_prompts))
-    toy = toy_task.load() if uses_toy else None  # the committed instance, its digests checked
-    tokenizer = pretrained(AutoTokenizer, toy.model if args.model_name_or_path == "toy" else args.model_name_or_path, args)
+    names = (args.model_name_or_path, args.dataset, args.eval_prompts)
+    toy = toy_task.load() if any(v == "toy" or v.startswith("toy:") for v in names) else None  # digests checked
+    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
+    tokenizer = pretrained(transformers.AutoTokenizer, name, args)
     tokenizer.pad_token, tokenizer.padding_side = tokenizer.pad_token or tokenizer.eos_token, "right"
     return tokenizer, toy
 
@@ -578,15 +724,16 @@ def load_model(args, toy, rt):
     log-ratio of two consecutive policies would be mostly dropout noise). With several processes FSDP2, each decoder
     layer a shard group; rank 0 reads the weights, the others build on the meta device and receive their shards."""
     name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
-    config = pretrained(AutoConfig, name, args)
+    config = pretrained(transformers.AutoConfig, name, args)
     for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):  # token_logps applies the head alone
         fail(getattr(config, key, None) not in (None, 1, 1.0), f"{name}: {key} in its config is not supported")
     if not rt.distributed:
-        model = pretrained(AutoModelForCausalLM, name, args, dtype=torch.float32).to(rt.device)
+        model = pretrained(transformers.AutoModelForCausalLM, name, args, dtype=torch.float32).to(rt.device)
     else:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
-                                                     trust_remote_code=args.trust_remote_code)
+            model = transformers.AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, trust_remote_code=args.trust_remote_code
+            )
     model.export_dtype = config.dtype or torch.float32  # checkpoints are written in the model's own dtype
     for module in model.modules() if not args.keep_dropout else ():
         if isinstance(module, torch.nn.Dropout):
@@ -598,19 +745,20 @@ def load_model(args, toy, rt):
     if rt.distributed:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
         # layers compute in --precision under autocast with the residual stream in fp32, as on one GPU; norm weights
         # stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference would differ by rounding, not training)
-        layer, fp32 = (MixedPrecisionPolicy(dtype, torch.float32, cast_forward_inputs=False)
-                       for dtype in (rt.dtype, torch.float32))
+        layer = MixedPrecisionPolicy(rt.dtype, torch.float32, cast_forward_inputs=False)
+        fp32 = MixedPrecisionPolicy(torch.float32, torch.float32, cast_forward_inputs=False)
         for module in model.modules():
             if type(module).__name__ in (model._no_split_modules or []):
                 for norm in [m for m in module.modules() if "Norm" in type(m).__name__ and rt.dtype != torch.float32]:
                     fully_shard(norm, mp_policy=fp32)
                 fully_shard(module, mp_policy=layer)
         fully_shard(model, mp_policy=MixedPrecisionPolicy(rt.head_dtype, torch.float32))
-        full = pretrained(AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
-        set_model_state_dict(model, full.state_dict() if full else {},  # one tensor at a time, each cut to its shard
-                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        full = pretrained(transformers.AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)  # a tensor at a time, cut to shards
+        set_model_state_dict(model, full.state_dict() if full else {}, options=options)
         model.tie_weights()  # the loaded tensors were assigned one per name: tied ones are one parameter again
         for key, buffer in [(k, b) for k, b in model.named_buffers() if b.is_meta]:  # outside the state dict (rotary)
             value = full.get_buffer(key).to(rt.device) if full else torch.empty_like(buffer, device=rt.device)
@@ -621,8 +769,9 @@ def load_model(args, toy, rt):
 
 
 def make_optimizer(policy, args):
-    """AdamW; linear warmup over --warmup_ratio of the steps, then linear decay to 0 or (--lr_scheduler constant) not."""
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
+    """AdamW; linear warmup over --warmup_ratio of the steps, then linear decay to 0 (--lr_scheduler constant: none)."""
+    adamw = dict(lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(policy.parameters(), **adamw)
     warmup, end = max(1, int(args.warmup_ratio * args.max_steps)), args.max_steps
     after = (lambda s: max(0.0, (end - s) / max(1, end - warmup))) if args.lr_scheduler == "linear" else (lambda s: 1.0)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, after(s)))
@@ -633,8 +782,9 @@ def plan_run(args, rows, per_step, unit, rank):
     length of the committed figures). Prints the run's plan."""
     toy = args.dataset == "toy" or args.dataset.startswith("toy:")
     args.max_steps = args.max_steps or (120 if toy else max(1, rows // per_step))
+    passes = args.max_steps * per_step / rows
     if rank == 0:
-        print(f"run: {args.max_steps} steps x {per_step} {unit} = {args.max_steps * per_step / rows:.2f} passes over {rows} {unit}")
+        print(f"run: {args.max_steps} steps x {per_step} {unit} = {passes:.2f} passes over {rows} {unit}")
 
 
 # data
@@ -646,23 +796,29 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
     if name == "none" and kind == "eval":
         return []
     if name == "toy" or name.startswith("toy:"):
-        files = {"": toy.prompts_test, "test": toy.prompts_test, "valid": toy.prompts_valid} if kind == "eval" else \
-            {s: toy.prompts_train if kind == "prompts" else path for s, path in ({"": toy.offline["strong"]} | toy.offline).items()}
-        fail(name.partition(":")[2] not in files, f"{name}: " + ("the toy's held-out prompts are toy (its test split) and toy:valid"
-                                                              if kind == "eval" else "the toy datasets are toy (= toy:strong) and toy:weak"))
-        name = files[name.partition(":")[2]]
+        source = name.partition(":")[2]
+        if kind == "eval":
+            files = {"": toy.prompts_test, "test": toy.prompts_test, "valid": toy.prompts_valid}
+            fail(source not in files, f"{name}: the toy's held-out prompts are toy (its test split) and toy:valid")
+        else:
+            files = {"": toy.offline["strong"]} | toy.offline
+            files = {s: toy.prompts_train if kind == "prompts" else path for s, path in files.items()}
+            fail(source not in files, f"{name}: the toy datasets are toy (= toy:strong) and toy:weak")
+        name = files[source]
     import datasets
 
     datasets.disable_progress_bars()
+    split = "test" if kind == "eval" else args.dataset_split
     try:
         if os.path.isfile(name):  # a local file: plain data formats only, nothing is unpickled
-            builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(os.path.splitext(name)[1])
-            fail(builder is None, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
+            suffix = os.path.splitext(name)[1]
+            fail(suffix not in SUFFIXES, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
             with open(name, "rb") as f:
                 fail(not f.read(4096).strip(), f"{name}: no rows")
-            rows = datasets.load_dataset(builder, data_files=name, split="train" if kind == "eval" else args.dataset_split).to_list()
+            split = "train" if kind == "eval" else split  # a file's one split
+            rows = datasets.load_dataset(SUFFIXES[suffix], data_files=name, split=split).to_list()
         else:
-            rows = datasets.load_dataset(name, split="test" if kind == "eval" else args.dataset_split).to_list()
+            rows = datasets.load_dataset(name, split=split).to_list()
     except Exception as e:  # noqa: BLE001 (malformed file, unknown dataset, no network: one line)
         cause = e.__cause__ or e
         raise SystemExit(f"{name}: {type(cause).__name__}: {(str(cause).strip() or ' ').splitlines()[0]}") from None
@@ -670,9 +826,10 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
     if kind in ("preferences", "examples"):
         encoded, cut = encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
     else:
-        encoded = [prompt_row(r, f"{name}: row {i}", args) for i, r in enumerate(rows)][: args.num_eval_prompts if kind == "eval" else None]
-        cut = {"prompts": sum(len(prompt_ids(tokenizer, as_text(r["prompt"], f"{name}: row {i}, column 'prompt'", tokenizer)))
-                              > args.max_prompt_length for i, r in enumerate(encoded))}
+        encoded = [prompt_row(r, f"{name}: row {i}", args) for i, r in enumerate(rows)]
+        encoded = encoded[: args.num_eval_prompts if kind == "eval" else None]
+        texts = [as_text(r["prompt"], f"{name}: row {i}, column 'prompt'", tokenizer) for i, r in enumerate(encoded)]
+        cut = {"prompts": sum(len(prompt_ids(tokenizer, t)) > args.max_prompt_length for t in texts)}
     fail(len(encoded) < need, f"{name}: {len(encoded)} rows, fewer than the {need} that one batch or round takes")
     if any(cut.values()) and rt.rank == 0:
         print(f"{name}: {cut} (cut to --max_prompt_length, --max_length; unknown: what the tokenizer cannot encode)")
@@ -695,10 +852,10 @@ def split_prompt(prompt, completions, where):
     no prompt, a text prompt, or one they repeat) are split after their shared first turns (with one completion:
     all but its last turn); text completions without a prompt after their common prefix, cut back to a space."""
     conversations = all(isinstance(c, list) for c in completions)
-    repeated = isinstance(prompt, list) and all(c[:len(prompt)] == prompt for c in completions)
+    repeated = isinstance(prompt, list) and all(c[: len(prompt)] == prompt for c in completions)
     if conversations and (repeated or not isinstance(prompt, list)):
-        n = len(completions[0]) - 1 if len(completions) == 1 else \
-            next((j for j, turns in enumerate(zip(*completions)) if turns.count(turns[0]) < len(turns)), min(map(len, completions)))
+        shared = (j for j, turns in enumerate(zip(*completions)) if turns.count(turns[0]) < len(turns))
+        n = len(completions[0]) - 1 if len(completions) == 1 else next(shared, min(map(len, completions)))
     elif prompt is None and all(isinstance(c, str) for c in completions) and len(completions) > 1:
         n = os.path.commonprefix(completions).rfind(" ")  # the space starts the completion, as a tokenizer splits words
     else:
@@ -715,51 +872,59 @@ def as_text(value, where, tokenizer, prompt=None):
         fail(not value.strip(), f"{where}: empty text")
         fail(isinstance(prompt, list), f"{where}: a text completion needs a text prompt")
         return value if prompt is None else value + tokenizer.eos_token
-    fail(not isinstance(value, list) or not value, f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}")
+    messages = f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}"
+    fail(not isinstance(value, list) or not value, messages)
     for m in value:
-        fail(not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"),
-             f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}")
-        fail(not isinstance(m.get("content"), str), f"{where}: message content must be a string, got {m.get('content')!r}")
-    fail(prompt is not None and not isinstance(prompt, list), f"{where}: a conversational completion needs a conversational prompt")
+        role = f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}"
+        fail(not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"), role)
+        content = m.get("content")
+        fail(not isinstance(content, str), f"{where}: message content must be a string, got {content!r}")
+    chat = f"{where}: a conversational completion needs a conversational prompt"
+    fail(prompt is not None and not isinstance(prompt, list), chat)
     prefix = tokenizer.apply_chat_template(prompt or value, tokenize=False, add_generation_prompt=True)
     if prompt is None:
         return prefix
     full = tokenizer.apply_chat_template(prompt + value, tokenize=False)
-    fail(not full.startswith(prefix), f"{where}: the chat template renders the prompt differently inside the whole "
-         "conversation, so the completion cannot be cut out of it")
-    return full[len(prefix):]
+    differs = f"{where}: the chat template renders the prompt differently inside the whole conversation"
+    fail(not full.startswith(prefix), differs + ", so the completion cannot be cut out of it")
+    return full[len(prefix) :]
 
 
 def prompt_ids(tokenizer, prompt_text):
-    """A prompt's token ids, the same in training and generation: special tokens (BOS) unless the template wrote them."""
-    return tokenizer(prompt_text, add_special_tokens=not (tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token)))["input_ids"]
+    """A prompt's token ids, the same in training and generation: special tokens (BOS) unless the template has."""
+    bos = tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token)
+    return tokenizer(prompt_text, add_special_tokens=not bos)["input_ids"]
 
 
 def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
     """Checked, tokenised rows: (prompt_ids, [completion_ids], labels). A preference row ([prompt,] chosen, rejected)
     gives [chosen, rejected] labelled [True, False]; an unpaired row ([prompt,] completion, label; if unpaired_ok)
     [completion], [label]. The prompt keeps its last --max_prompt_length tokens, a completion its first
-    --max_length - prompt: returns (rows, {what: how many were cut})."""
+    --max_length - prompt: returns (rows, {what: how many were cut, and how many unknown tokens})."""
     out, cut = [], {"prompts": 0, "completions": 0, "unknown tokens": 0}
+    need = "(rows need [prompt,] chosen, rejected" + (" or [prompt,] completion, label)" if unpaired_ok else ")")
     for i, row in enumerate(rows):
+        where = f"{source}: row {i}"
         unpaired = unpaired_ok and (row.get("completion") is not None or row.get("label") is not None)
         columns = ("completion", "label") if unpaired else ("chosen", "rejected")
         for column in columns:
-            fail(row.get(column) is None, f"{source}: row {i}: missing column '{column}' (rows need [prompt,] chosen, rejected"
-                 + (" or [prompt,] completion, label)" if unpaired_ok else ")"))
-        fail(unpaired and not isinstance(row["label"], bool), f"{source}: row {i}, column 'label': expected a boolean (is the completion desirable?), got {row.get('label')!r}")
-        prompt, completions = split_prompt(row.get("prompt"), [row[c] for c in columns[: 1 if unpaired else 2]], f"{source}: row {i}")
-        p = prompt_ids(tokenizer, as_text(prompt, f"{source}: row {i}, column 'prompt'", tokenizer))
-        texts = [as_text(c, f"{source}: row {i}, column '{column}'", tokenizer, prompt) for c, column in zip(completions, columns)]
+            fail(row.get(column) is None, f"{source}: row {i}: missing column '{column}' {need}")
+        label = f"{source}: row {i}, column 'label': expected a boolean (is the completion desirable?)"
+        fail(unpaired and not isinstance(row["label"], bool), f"{label}, got {row.get('label')!r}")
+        completions = [row[c] for c in columns[: 2 - unpaired]]
+        prompt, completions = split_prompt(row.get("prompt"), completions, where)
+        p = prompt_ids(tokenizer, as_text(prompt, f"{where}, column 'prompt'", tokenizer))
+        texts = [as_text(c, f"{where}, column '{k}'", tokenizer, prompt) for c, k in zip(completions, columns)]
         limit = min(args.max_prompt_length, args.max_length - 1)  # room for one completion token
         cut["prompts"] += len(p) > limit
         p = p[-limit:]
         completions = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        fail(not unpaired and completions[0] == completions[1], f"{source}: row {i}, columns 'chosen'/'rejected': "
-             "identical completions" + (" once tokenised" if texts[0] != texts[-1] else ""))
+        same = f"{source}: row {i}, columns 'chosen'/'rejected': identical completions"
+        fail(not unpaired and completions[0] == completions[-1], same + " once tokenised" * (texts[0] != texts[-1]))
         cut["unknown tokens"] += sum(ids.count(tokenizer.unk_token_id) for ids in [p, *completions])
         cut["completions"] += sum(len(p) + len(c) > args.max_length for c in completions)
-        out.append((p, [c[: args.max_length - len(p)] for c in completions], [row["label"]] if unpaired else [True, False]))
+        labels = [row["label"]] if unpaired else [True, False]
+        out.append((p, [c[: args.max_length - len(p)] for c in completions], labels))
     return out, cut
 
 
@@ -777,8 +942,8 @@ def make_scorer(name, args, rt):
             return getattr(importlib.import_module(module), function)
         except (ImportError, AttributeError) as e:
             raise SystemExit(f"{name}: {type(e).__name__}: {e}") from None
-    rm = pretrained(AutoModelForSequenceClassification, name, args, dtype=rt.dtype).to(rt.device).eval()
-    rm_tok = pretrained(AutoTokenizer, name, args)
+    rm = pretrained(transformers.AutoModelForSequenceClassification, name, args, dtype=rt.dtype).to(rt.device).eval()
+    rm_tok = pretrained(transformers.AutoTokenizer, name, args)
     rm_tok.pad_token = rm_tok.pad_token or rm_tok.eos_token  # the score is read at each row's last non-pad token
     rm.config.pad_token_id = rm_tok.pad_token_id
 
@@ -786,14 +951,14 @@ def make_scorer(name, args, rt):
     def score(prompts, completions, **_):
         """The chat template's rendering (its BOS once) where the RM has one and the prompts are conversations."""
         chat = rm_tok.chat_template and isinstance(prompts[0], list)
-        texts = [rm_tok.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False) if chat else p + c
-                 for p, c in zip(prompts, completions)]
+        turns = [p + [{"role": "assistant", "content": c}] if chat else p + c for p, c in zip(prompts, completions)]
+        texts = [rm_tok.apply_chat_template(t, tokenize=False) if chat else t for t in turns]
         scores, size = [], args.reward_batch_size
-        for batch in (texts[i: i + size] for i in range(0, len(texts), size)):
-            enc = rm_tok.pad({"input_ids": [prompt_ids(rm_tok, t) for t in batch]}, padding_side="right",
-                             return_tensors="pt")
+        for batch in (texts[i : i + size] for i in range(0, len(texts), size)):
+            ids = [prompt_ids(rm_tok, t) for t in batch]
+            enc = rm_tok.pad({"input_ids": ids}, padding_side="right", return_tensors="pt").to(rt.device)
             try:
-                out = rm(**enc.to(rt.device))
+                out = rm(**enc)
             except torch.OutOfMemoryError:  # a batch too large, not a bad sample (SystemExit passes score_samples)
                 fail(True, f"{name}: out of memory scoring {len(batch)} sequences at once; lower --reward_batch_size")
             out = out.score if hasattr(out, "score") else out.logits  # ArmoRM's output is .score
@@ -806,8 +971,10 @@ def make_scorer(name, args, rt):
 def score_samples(name, scorer, prompts, completions, columns):
     """Each sample's reward, or None where it is NaN, inf, None or not a number, or the scorer raises on it (a call
     that raises is retried one sample at a time). Returns (scores, bad {index: what the scorer did})."""
+
     def call(idx):
-        out = list(scorer([prompts[j] for j in idx], [completions[j] for j in idx], **{k: [v[j] for j in idx] for k, v in columns.items()}))
+        given = {k: [v[j] for j in idx] for k, v in columns.items()}
+        out = list(scorer([prompts[j] for j in idx], [completions[j] for j in idx], **given))
         if len(out) != len(idx):
             raise ValueError(f"returned {len(out)} rewards for {len(idx)} samples")
         return out
@@ -828,7 +995,8 @@ def score_samples(name, scorer, prompts, completions, columns):
         except (TypeError, ValueError):
             scores.append(None)
         if scores[-1] is None:
-            bad[j] = f"reward {name} of prompt {prompts[j]!r} " + (f"raised {type(r).__name__}: {r}" if isinstance(r, Exception) else f"is {r!r}")
+            did = f"raised {type(r).__name__}: {r}" if isinstance(r, Exception) else f"is {r!r}"
+            bad[j] = f"reward {name} of prompt {prompts[j]!r} {did}"
     return scores, bad
 
 
@@ -844,20 +1012,24 @@ def generate(model, tokenizer, prompts, n, args, greedy, seed):
     torch.manual_seed(seed)
     ends = [tokenizer.eos_token_id]
     if tokenizer.chat_template:  # e.g. <|eot_id|>: the first token after an assistant message
-        after = tokenizer.apply_chat_template([{"role": "user", "content": "?"}, {"role": "assistant", "content": "!!"}], tokenize=False).rsplit("!!", 1)[1]
-        ends += [t for t in tokenizer(after, add_special_tokens=False)["input_ids"][:1] if t in tokenizer.added_tokens_decoder]
+        turns = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!!"}]
+        text = tokenizer.apply_chat_template(turns, tokenize=False).rsplit("!!", 1)[1]
+        after = tokenizer(text, add_special_tokens=False)["input_ids"][:1]
+        ends += [t for t in after if t in tokenizer.added_tokens_decoder]
     out, finished, per_call = [], [], max(1, args.generation_batch_size // n)
-    sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
+    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
+    options = dict(max_new_tokens=args.max_new_tokens, eos_token_id=ends, pad_token_id=tokenizer.pad_token_id)
+    options |= dict(do_sample=False) if greedy else sampling
     calls = range(0, len(prompts), per_call)
-    for i in tqdm(calls, desc="sampling", leave=False, dynamic_ncols=True, disable=len(calls) < 2 or int(os.environ.get("RANK", 0))):
-        enc = tokenizer.pad({"input_ids": prompts[i: i + per_call]}, padding_side="left", return_tensors="pt")
+    quiet = len(calls) < 2 or int(os.environ.get("RANK", 0)) > 0  # rank 0 shows progress
+    for i in tqdm(calls, "sampling", leave=False, dynamic_ncols=True, disable=quiet):
+        enc = tokenizer.pad({"input_ids": prompts[i : i + per_call]}, padding_side="left", return_tensors="pt")
+        enc = enc.to(next(model.parameters()).device)
         try:  # gathered weights: no collective in a forward, so processes need not decode in step (synced_gpus)
-            seqs = model.generate(**enc.to(next(model.parameters()).device), max_new_tokens=args.max_new_tokens,
-                                  num_return_sequences=n, eos_token_id=ends, pad_token_id=tokenizer.pad_token_id,
-                                  synced_gpus=False, **sampling)
+            seqs = model.generate(**enc, num_return_sequences=n, synced_gpus=False, **options)
         except torch.OutOfMemoryError:
             fail(True, f"out of memory sampling {per_call * n} sequences at once; lower --generation_batch_size")
-        for s in seqs[:, enc["input_ids"].shape[1]:].tolist():
+        for s in seqs[:, enc["input_ids"].shape[1] :].tolist():
             out.append(next((s[: j + 1] for j, t in enumerate(s) if t in ends), s))
             finished.append(out[-1][-1] in ends)
     for m in units:  # back to shards; in training the root keeps its weights gathered after a forward (FSDP2's default)
@@ -871,22 +1043,25 @@ def round_prompts(n_prompts, round_size, round_index, seed):
     """Indices of a round's prompts: consecutive slices of one shuffled pass after another."""
     n_pass, pos = divmod(round_index, n_prompts // round_size)
     order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(stream_seed(seed, "prompts", n_pass)))
-    return order[pos * round_size: (pos + 1) * round_size].tolist()
+    return order[pos * round_size : (pos + 1) * round_size].tolist()
 
 
 def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt, prefix="online"):
-    """n samples of each prompt row (greedy for prefix 'eval'; round_index picks the sampling stream), scored by the weighted sum of scorers [(name, weight,
-    fn)], each given the rows' other columns too. Each process samples its share; every process gets all groups
-    (row, prompt_ids, [completion_ids], [score, None where a scorer failed]) and the record: the mean reward of the
-    scored samples, bad and truncated counts, each scorer's mean. A scorer failing on every sample stops the run."""
-    mine = rows[rt.rank::rt.world]
+    """n samples of each prompt row (greedy for prefix 'eval'; round_index picks the sampling stream), scored by the
+    weighted sum of scorers [(name, weight, fn)], each given the rows' other columns too. Each process samples its
+    share; every process gets all groups (row, prompt_ids, [completion_ids], [score, None where a scorer failed]) and
+    the record: the mean reward of the scored samples, bad and truncated counts, each scorer's mean. A scorer failing
+    on every sample stops the run."""
+    mine = rows[rt.rank :: rt.world]
     padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
-    prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer))[-args.max_prompt_length:] for r in padded]
+    prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer)) for r in padded]
+    prompts = [p[-args.max_prompt_length :] for p in prompts]
     with rt.autocast:  # one GPU samples in bf16 as it trains
-        completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval",
-                                         stream_seed(args.seed, "sampling", round_index, rt.rank))
+        seed = stream_seed(args.seed, "sampling", round_index, rt.rank)
+        completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval", seed)
     completions, finished = completions[: len(mine) * n], finished[: len(mine) * n]  # not the padding
-    cut = sum(not f or len(prompts[j // n]) + len(c) > args.max_length for j, (c, f) in enumerate(zip(completions, finished)))
+    lengths = [len(prompts[j // n]) + len(c) for j, c in enumerate(completions)]
+    cut = sum(not f or length > args.max_length for length, f in zip(lengths, finished))
     flat = [r for r in mine for _ in range(n)]
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     columns = {k: [r[k] for r in flat] for k in (flat[0] if flat else {}) if k != "prompt"}
@@ -898,9 +1073,10 @@ def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt,
         fatal += list(fn_bad.values())[:1] if fn_bad and len(fn_bad) == len(texts) else []
     scores = [None if j in bad else sum(w * s[j] for (_, w, _), s in zip(scorers, per_fn)) for j in range(len(texts))]
     good = [j for j, s in enumerate(scores) if s is not None]
-    stats = torch.tensor([sum(scores[j] for j in good), len(good), len(bad), cut] + [sum(s[j] for j in good) for s in per_fn], dtype=torch.float64)
-    groups = [(r, prompts[i], [c[: args.max_length - len(prompts[i])] for c in completions[i * n: (i + 1) * n]], scores[i * n: (i + 1) * n])
-              for i, r in enumerate(mine)]
+    sums = [sum(scores[j] for j in good), len(good), len(bad), cut] + [sum(s[j] for j in good) for s in per_fn]
+    stats = torch.tensor(sums, dtype=torch.float64)
+    kept = [c[: args.max_length - len(prompts[j // n])] for j, c in enumerate(completions)]
+    groups = [(r, prompts[i], kept[i * n : (i + 1) * n], scores[i * n : (i + 1) * n]) for i, r in enumerate(mine)]
     bad = list(bad.values())
     if rt.world > 1:  # every process gets every group and failure: all go on or stop together
         gathered = [None] * rt.world
@@ -908,16 +1084,19 @@ def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt,
         groups, bad, fatal = ([x for part in gathered for x in part[i]] for i in range(3))
         dist.all_reduce(stats)
     fail(fatal, f"stopping, a scorer failed on every sample: the {fatal[0] if fatal else ''}")
-    fail(bad and args.on_bad_reward == "stop", f"stopping: the {bad[0] if bad else ''} ({len(bad)} bad rewards in this batch); "
-         "--on_bad_reward drop would leave such samples out")
-    record = {f"{prefix}/reward": (stats[0] / stats[1]).item(), f"{prefix}/bad_rewards": int(stats[2]), f"{prefix}/truncated_completions": int(stats[3])}
-    return groups, record | ({f"{prefix}/{name}": (s / stats[1]).item() for (name, _, _), s in zip(scorers, stats[4:])} if len(scorers) > 1 else {})
+    stop = f"stopping: the {bad[0] if bad else ''} ({len(bad)} bad rewards in this batch); --on_bad_reward drop would"
+    fail(bad and args.on_bad_reward == "stop", stop + " leave such samples out")
+    record = {f"{prefix}/reward": (stats[0] / stats[1]).item(), f"{prefix}/bad_rewards": int(stats[2])}
+    record[f"{prefix}/truncated_completions"] = int(stats[3])
+    for (name, _, _), s in zip(scorers, stats[4:]) if len(scorers) > 1 else ():
+        record[f"{prefix}/{name}"] = (s / stats[1]).item()
+    return groups, record
 
 
 def evaluate(policy, tokenizer, scorer, rows, args, rt):
     """Mean reward of greedy completions of held-out prompt rows (on the toy task also the exact accuracy)."""
-    toy_accuracy = [("accuracy", 0.0, toy_task.verify)] if args.reward_model.startswith("toy") else []
-    return sample_and_score(policy, tokenizer, [("reward", 1.0, scorer)] + toy_accuracy, rows, 1, args, 0, rt, prefix="eval")[1]
+    scorers = [("reward", 1.0, scorer)] + [("accuracy", 0.0, toy_task.verify)] * args.reward_model.startswith("toy")
+    return sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")[1]
 
 
 # REF-FREE: the reference's log-probs computed ahead by the policy, no reference model
@@ -932,6 +1111,8 @@ def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer
     score the samples. Returns the seconds it took."""
     t0, k, done = time.time(), args.sync_every, []
     owner = lambda s: reference_step(s, args.sync, k, reset)  # noqa: E731
+    forward = lambda batch: forward_batches(batch, args, rt.rank, rt.world)  # noqa: E731
+    head = (rt.head_dtype, rt.logps_temperature)
 
     def run_of(o, s):  # the known steps from s on that the reference set at step o serves; and whether more will come
         steps = []
@@ -943,10 +1124,9 @@ def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer
         done.extend(steps)
         policy.eval()
         with torch.no_grad(), rt.autocast:
-            for s in tqdm(steps, desc="reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False, dynamic_ncols=True):
-                state.ref_ahead[s] = [token_logps(policy, *collate(seqs, tokenizer.pad_token_id, rt.device),
-                                                  rt.head_dtype, rt.logps_temperature).cpu()
-                                      for _, seqs in forward_batches(step_batch(s), args, rt.rank, rt.world)]
+            for s in tqdm(steps, "reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False):
+                batches = [collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forward(step_batch(s))]
+                state.ref_ahead[s] = [token_logps(policy, *b, *head).cpu() for b in batches]
         policy.train()
         if hasattr(policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
             policy.reshard()
@@ -990,7 +1170,8 @@ def accumulate(sums, metrics):
 class Session:
     def __init__(self, args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state):
         self.args, self.rt, self.tokenizer, self.policy, self.ref, self.state = args, rt, tokenizer, policy, ref, state
-        self.optimizer, self.scheduler, self.sampling_gen, self.stop, self.bad_streak = optimizer, scheduler, sampling_gen, [], 0
+        self.optimizer, self.scheduler, self.sampling_gen = optimizer, scheduler, sampling_gen
+        self.stop, self.bad_streak, self.trackers = [], 0, []
         ckpt = (checkpoints(args.output_dir) or [None])[-1] if args.resume else None
         if ckpt:
             self.load(ckpt)
@@ -1002,14 +1183,14 @@ class Session:
             with open(os.path.join(args.output_dir, "args.json"), "w") as f:
                 json.dump(asdict(args) | {"provenance": provenance()}, f, indent=2)
             self.file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), state.step)
+            self.trackers = open_trackers(args)
             if ckpt:
                 print(f"resumed from {ckpt} at step {state.step}")
-        self.trackers = open_trackers(args) if rt.rank == 0 else []
         # SIGTERM (preemption; torchrun passes it on) or Ctrl-C: a checkpoint after the current step and a clean exit
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.interrupt)
-        self.bar = tqdm(total=args.max_steps, initial=state.step, desc=os.path.basename(os.path.normpath(args.output_dir)),
-                        disable=rt.rank != 0, dynamic_ncols=True)
+        name = os.path.basename(os.path.normpath(args.output_dir))
+        self.bar = tqdm(total=args.max_steps, initial=state.step, desc=name, disable=rt.rank != 0, dynamic_ncols=True)
 
     def interrupt(self, signum, frame):
         fail(self.stop and signum == signal.SIGINT, "interrupted twice: stopped without a checkpoint")
@@ -1027,7 +1208,8 @@ class Session:
 
     def agree(self, sums):
         """(skip, stop): a non-finite loss on any process skips the step everywhere; a SIGTERM stops every process."""
-        flags = torch.tensor([float(not math.isfinite(sums.get("loss", (0.0,))[0])), float(bool(self.stop))], dtype=torch.float64)
+        flags = [float(not math.isfinite(sums.get("loss", (0.0,))[0])), float(bool(self.stop))]
+        flags = torch.tensor(flags, dtype=torch.float64)
         if self.rt.world > 1:
             dist.all_reduce(flags)
         return bool(flags[0]), bool(flags[1])
@@ -1035,33 +1217,41 @@ class Session:
     def end_step(self, sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy, extra=None):
         """After the update: count a skipped step, log the step's means (and an evaluation), checkpoint, stop."""
         args, state = self.args, self.state
+        seconds, cpu_seconds = time.time() - t0, time.process_time() - cpu0  # data, forwards, backward, update
         bad = skip or not torch.isfinite(grad_norm).item()
-        state.bad_steps, self.bad_streak, state.step = state.bad_steps + bad, self.bad_streak + 1 if bad else 0, state.step + 1
-        seconds, cpu_seconds = time.time() - t0, time.process_time() - cpu0  # the step: data, forwards, backward, update
+        state.bad_steps, state.step = state.bad_steps + bad, state.step + 1
+        self.bad_streak = self.bad_streak + 1 if bad else 0
         keys = sorted(sums)
         totals = torch.tensor([sums[k][0] for k in keys] + [sums[k][1] for k in keys], dtype=torch.float64)
         if self.rt.world > 1:
             dist.all_reduce(totals)
-        means = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys):].tolist()) if c}
-        record = {k: v for k, v in means.items() if k != "tokens"} | (extra or {}) | {
-            "step": state.step, "grad_norm": grad_norm.item(), "lr": lr, "bad_steps": state.bad_steps,
-            "tokens_per_s": totals[keys.index("tokens")].item() / seconds, "perf/step_seconds": seconds,
-            "perf/step_cpu_seconds": cpu_seconds, "perf/peak_memory_gib": peak_memory_gib(self.rt.device)}
-        if evaluate_policy and ((args.eval_every and state.step % args.eval_every == 0) or state.step == args.max_steps):
+        means = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys) :].tolist()) if c}
+        record = {k: v for k, v in means.items() if k != "tokens"} | (extra or {}) | {"step": state.step}
+        record |= {"grad_norm": grad_norm.item(), "lr": lr, "bad_steps": state.bad_steps}
+        record["tokens_per_s"] = totals[keys.index("tokens")].item() / seconds
+        record |= {"perf/step_seconds": seconds, "perf/step_cpu_seconds": cpu_seconds}
+        record["perf/peak_memory_gib"] = peak_memory_gib(self.rt.device)
+        due = (args.eval_every and state.step % args.eval_every == 0) or state.step == args.max_steps
+        if evaluate_policy and due:
             record |= evaluate_policy()
         if state.step % args.log_every == 0 or "eval/reward" in record:
             self.log(record)
         self.bar.update(1)
-        self.bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in ("loss", "rewards/margins", "kl", "eval/reward") if k in record})
-        fail(self.bad_streak >= args.max_bad_steps, f"stopping: the last {self.bad_streak} steps (up to step {state.step}) had a "
-             f"non-finite loss or gradient and were skipped; the newest checkpoint, {(checkpoints(args.output_dir) or [None])[-1]}, is from "
-             "before them. Lower --learning_rate or --max_grad_norm, or look for bad data.")
-        if (args.save_every and state.step % args.save_every == 0 and not self.bad_streak) or state.step == args.max_steps or stop:
+        shown = ("loss", "rewards/margins", "kl", "eval/reward")
+        self.bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in shown if k in record})
+        newest = (checkpoints(args.output_dir) or [None])[-1]
+        message = f"stopping: the last {self.bad_streak} steps (up to step {state.step}) had a non-finite loss or "
+        message += f"gradient and were skipped; the newest checkpoint, {newest}, is from before them. Lower "
+        stuck = self.bad_streak >= args.max_bad_steps
+        fail(stuck, message + "--learning_rate or --max_grad_norm, or look for bad data.")
+        due = args.save_every and state.step % args.save_every == 0 and not self.bad_streak
+        if due or state.step == args.max_steps or stop:
             self.save()
         if stop:
             self.bar.close()
             if self.rt.rank == 0:
-                print(f"{signal.Signals(self.stop[0]).name}: stopped after step {state.step} with a checkpoint; continue with --resume")
+                name = signal.Signals(self.stop[0]).name
+                print(f"{name}: stopped after step {state.step} with a checkpoint; continue with --resume")
             if self.rt.distributed:
                 dist.destroy_process_group()
             sys.exit(0)
@@ -1070,6 +1260,7 @@ class Session:
         """output_dir/checkpoint-STEP: the policy (save_pretrained) and each process's training state (its shards of
         policy, reference and optimizer, RNG states, the loop's state), written to a temporary name, then renamed."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
         final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")
         tmp, rank = final + ".tmp", self.rt.rank
         if rank == 0:
@@ -1079,28 +1270,30 @@ class Session:
         rng = {"torch": torch.get_rng_state(), "sampling": self.sampling_gen.get_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        torch.save({"policy": model, "optimizer": optimizer, "ref": self.ref and get_model_state_dict(self.ref),
-                    "scheduler": self.scheduler.state_dict(), "rng": rng, "world_size": self.rt.world,
-                    "state": vars(self.state),
-                    "args": asdict(self.args)}, os.path.join(tmp, f"state-rank{rank}.pt"))
+        saved = dict(policy=model, optimizer=optimizer, ref=self.ref and get_model_state_dict(self.ref), rng=rng)
+        saved |= dict(scheduler=self.scheduler.state_dict(), world_size=self.rt.world, state=vars(self.state))
+        torch.save(saved | {"args": asdict(self.args)}, os.path.join(tmp, f"state-rank{rank}.pt"))
         self.barrier()
         if rank == 0:
             fsync(tmp)  # the files reach the disk before the rename makes them the checkpoint
             shutil.rmtree(final, ignore_errors=True)  # a step saved twice (the last one)
             os.replace(tmp, final)
             fsync(self.args.output_dir, files=False)  # the rename itself
-            if self.args.save_total_limit:
-                for old in checkpoints(self.args.output_dir)[: -self.args.save_total_limit]:
-                    shutil.rmtree(old, ignore_errors=True)
+            for old in checkpoints(self.args.output_dir)[: -self.args.save_total_limit or 0]:
+                shutil.rmtree(old, ignore_errors=True)
         self.barrier()
 
     def load(self, path):
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-        saved = torch.load(os.path.join(path, f"state-rank{self.rt.rank}.pt"), weights_only=True)  # nothing is unpickled
-        fail(saved["world_size"] != self.rt.world, f"{path} was written by {saved['world_size']} processes; resume with as many")
+
+        saved = torch.load(os.path.join(path, f"state-rank{self.rt.rank}.pt"), weights_only=True)  # no unpickling
+        world = f"{path} was written by {saved['world_size']} processes; resume with as many"
+        fail(saved["world_size"] != self.rt.world, world)
         changed = [k for k, v in asdict(self.args).items() if k not in RESUMABLE and saved["args"].get(k) != v]
-        fail(changed, f"{path} was written with other settings: " + ", ".join(f"--{k} {saved['args'].get(k)} (now {getattr(self.args, k)})" for k in changed))
-        set_state_dict(self.policy, self.optimizer, model_state_dict=saved["policy"], optim_state_dict=saved["optimizer"])
+        was = ", ".join(f"--{k} {saved['args'].get(k)} (now {getattr(self.args, k)})" for k in changed)
+        fail(changed, f"{path} was written with other settings: {was}")
+        states = dict(model_state_dict=saved["policy"], optim_state_dict=saved["optimizer"])
+        set_state_dict(self.policy, self.optimizer, **states)
         if self.ref is not None and saved["ref"] is not None:
             set_model_state_dict(self.ref, saved["ref"])
         self.scheduler.load_state_dict(saved["scheduler"])
@@ -1113,6 +1306,7 @@ class Session:
     def save_pretrained(self, directory):
         """A Hugging Face model directory of the policy, gathered from its shards (rank 0 writes)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
         full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not the fp32 the training keeps
             dtype = getattr(self.policy, "export_dtype", None)
@@ -1141,9 +1335,10 @@ class Session:
 
 
 MODE = ("offline", "online", "humanline", "sync", "clip", "pairs_from_samples", "sample_every", "seed", "plan_only")
-RESUMABLE = ("resume", "output_dir", "save_every", "log_every", "eval_every", "num_eval_prompts", "eval_prompts", "dist_timeout",
-             "report_to", "overwrite_output_dir", "save_total_limit",
-             "on_bad_reward", "max_bad_steps", "trust_remote_code")
+RESUMABLE = (  # settings a resumed run may change
+    "resume output_dir save_every log_every eval_every num_eval_prompts eval_prompts dist_timeout report_to "
+    "overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code"
+).split()
 
 
 def open_trackers(args):
@@ -1159,21 +1354,22 @@ def open_trackers(args):
             tb = tracker.SummaryWriter(os.path.join(args.output_dir, "tensorboard"))
             tb.add_text("args", json.dumps(asdict(args), indent=2))
             trackers.append((lambda r: [tb.add_scalar(k, v, r["step"]) for k, v in r.items() if k != "step"], tb.close))
-        else:
-            id_file = os.path.join(args.output_dir, "wandb_id")
-            run_id = open(id_file).read() if args.resume and os.path.exists(id_file) else os.urandom(6).hex()
-            with open(id_file, "w") as f:
-                f.write(run_id)
-            run = tracker.init(project=os.environ.get("WANDB_PROJECT", "humanline"), id=run_id, resume="allow",
-                               name=os.path.basename(os.path.normpath(args.output_dir)), config=asdict(args),
-                               dir=args.output_dir)
-            trackers.append((lambda r: run.log({k: v for k, v in r.items() if k != "step"}, step=r["step"]), run.finish))
+            continue
+        id_file = os.path.join(args.output_dir, "wandb_id")
+        run_id = open(id_file).read() if args.resume and os.path.exists(id_file) else os.urandom(6).hex()
+        with open(id_file, "w") as f:
+            f.write(run_id)
+        project, name = os.environ.get("WANDB_PROJECT", "humanline"), os.path.basename(os.path.abspath(args.output_dir))
+        run = tracker.init(
+            project=project, name=name, id=run_id, resume="allow", config=asdict(args), dir=args.output_dir
+        )
+        trackers.append((lambda r: run.log({k: v for k, v in r.items() if k != "step"}, step=r["step"]), run.finish))
     return trackers
 
 
 def checkpoints(output_dir):  # the complete ones, oldest first
-    steps = [int(d.split("-")[1]) for d in os.listdir(output_dir)
-             if d.startswith("checkpoint-") and d.split("-")[1].isdigit()] if os.path.isdir(output_dir) else []
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    steps = [int(d.split("-")[1]) for d in names if d.startswith("checkpoint-") and d.split("-")[1].isdigit()]
     return [os.path.join(output_dir, f"checkpoint-{s}") for s in sorted(steps)]
 
 
@@ -1210,8 +1406,9 @@ def peak_memory_gib(device):
     """Peak CUDA memory allocated, or on a CPU the process's peak resident set size."""
     import resource
 
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else \
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 if __name__ == "__main__":

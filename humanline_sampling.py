@@ -49,8 +49,7 @@ import torch
 DEFAULT_C = 100.0
 
 
-def _log_gamma(shape: float, n: int, generator: torch.Generator | None,
-               device: torch.device) -> torch.Tensor:
+def _log_gamma(shape: float, n: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """log of n independent Gamma(shape, 1) variates, float64 (shape 0 gives log 0 = -inf)."""
     kw = dict(generator=generator, dtype=torch.float64, device=device)
     if shape == 0:
@@ -73,8 +72,9 @@ def _log_gamma(shape: float, n: int, generator: torch.Generator | None,
     return log_g
 
 
-def _log_beta(a: float, b: float, shape: torch.Size, generator: torch.Generator | None,
-              device: torch.device) -> torch.Tensor:
+def _log_beta(
+    a: float, b: float, shape: torch.Size, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
     """log B for B ~ Beta(a, b), float64, one independent draw per element of `shape`.
 
     b = 0 is the point mass at 1 (Theorem 4.3 with eps_P = M_P or eps_R M_R = 1).
@@ -89,13 +89,20 @@ def _log_beta(a: float, b: float, shape: torch.Size, generator: torch.Generator 
 
 def _check_beta(name: str, gamma: float, beta: float) -> None:
     if not (gamma > 0 and beta >= 0 and math.isfinite(gamma) and math.isfinite(beta)):
-        raise ValueError(f"Beta parameters of side {name} need gamma > 0 and beta >= 0, "
-                         f"got gamma={gamma}, beta={beta}")
+        raise ValueError(f"Beta parameters of side {name} need gamma > 0 and beta >= 0, got gamma={gamma}, beta={beta}")
 
 
-def rejection_mask(policy_logps: torch.Tensor, ref_logps: torch.Tensor, gamma_P: float,
-                   beta_P: float, gamma_R: float, beta_R: float, log_M_P: float = 0.0,
-                   log_M_R: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+def rejection_mask(
+    policy_logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    gamma_P: float,
+    beta_P: float,
+    gamma_R: float,
+    beta_R: float,
+    log_M_P: float = 0.0,
+    log_M_R: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Def. 4.2: a bool tensor, True where the token is rejected.
 
     policy_logps, ref_logps: per-token log-probs of the same (any) shape, e.g. (batch, seq).
@@ -105,8 +112,7 @@ def rejection_mask(policy_logps: torch.Tensor, ref_logps: torch.Tensor, gamma_P:
     Padding is not special: mask it out downstream as usual.
     """
     if policy_logps.shape != ref_logps.shape:
-        raise ValueError(f"shape mismatch: policy {tuple(policy_logps.shape)}, "
-                         f"reference {tuple(ref_logps.shape)}")
+        raise ValueError(f"shape mismatch: policy {tuple(policy_logps.shape)}, reference {tuple(ref_logps.shape)}")
     _check_beta("P", gamma_P, beta_P)
     _check_beta("R", gamma_R, beta_R)
     log_ratio = (policy_logps.detach() - ref_logps.detach()).double()
@@ -121,8 +127,9 @@ def rejection_mask(policy_logps: torch.Tensor, ref_logps: torch.Tensor, gamma_P:
     return rejected
 
 
-def limit_parameters(eps_P: float, eps_R: float, M_P: float = 1.0, M_R: float = 1.0,
-                     c: float = DEFAULT_C) -> tuple[float, float, float, float]:
+def limit_parameters(
+    eps_P: float, eps_R: float, M_P: float = 1.0, M_R: float = 1.0, c: float = DEFAULT_C
+) -> tuple[float, float, float, float]:
     """Theorem 4.3: (gamma_P, beta_P, gamma_R, beta_R) whose c -> inf limit clips to [eps_P, eps_R].
 
     eps_P, eps_R bound the ratio pi_theta / pi_ref (not its log). See the module docstring for
@@ -139,15 +146,21 @@ def limit_parameters(eps_P: float, eps_R: float, M_P: float = 1.0, M_R: float = 
     return c * p, c * (1 - p), c * r, c * (1 - r)
 
 
-def apply_humanline_sampling(policy_logps: torch.Tensor, ref_logps: torch.Tensor, gamma_P: float,
-                             beta_P: float, gamma_R: float, beta_R: float, log_M_P: float = 0.0,
-                             log_M_R: float = 0.0, generator: torch.Generator | None = None
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_humanline_sampling(
+    policy_logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    gamma_P: float,
+    beta_P: float,
+    gamma_R: float,
+    beta_R: float,
+    log_M_P: float = 0.0,
+    log_M_R: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Detach the tokens rejected by Def. 4.2. Returns (logps, rejected).
 
     logps has the values of policy_logps, but rejected tokens pass no gradient; rejected is the
     bool mask of `rejection_mask` (same arguments).
     """
-    rejected = rejection_mask(policy_logps, ref_logps, gamma_P, beta_P, gamma_R, beta_R,
-                              log_M_P, log_M_R, generator)
+    rejected = rejection_mask(policy_logps, ref_logps, gamma_P, beta_P, gamma_R, beta_R, log_M_P, log_M_R, generator)
     return torch.where(rejected, policy_logps.detach(), policy_logps), rejected

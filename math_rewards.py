@@ -10,12 +10,17 @@ R1_SYSTEM_PROMPT = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The assistant "
     "first thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning "
     "process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e., "
-    "<think> reasoning process here </think><answer> answer here </answer>")
+    "<think> reasoning process here </think><answer> answer here </answer>"
+)
 SYSTEM_PROMPTS = {"r1": R1_SYSTEM_PROMPT}
 
 
 def completion_text(completion):
-    return completion if isinstance(completion, str) else "".join(m["content"] for m in completion if m["role"] == "assistant")
+    return (
+        completion
+        if isinstance(completion, str)
+        else "".join(m["content"] for m in completion if m["role"] == "assistant")
+    )
 
 
 def tag_count_reward(prompts, completions, **columns):
@@ -74,8 +79,11 @@ def to_number(s):
     with an optional '-'; None otherwise."""
     sign = -1 if s.startswith("-") else 1
     s = s[1:] if sign < 0 else s
-    m = (re.fullmatch(rf"\\frac\{{({NUMBER})\}}\{{({NUMBER})\}}", s) or re.fullmatch(r"\\frac(\d)(\d)", s)
-         or re.fullmatch(rf"({NUMBER})/({NUMBER})", s))
+    m = (
+        re.fullmatch(rf"\\frac\{{({NUMBER})\}}\{{({NUMBER})\}}", s)
+        or re.fullmatch(r"\\frac(\d)(\d)", s)
+        or re.fullmatch(rf"({NUMBER})/({NUMBER})", s)
+    )
     try:
         if m:
             return sign * Fraction(m.group(1)) / Fraction(m.group(2))

@@ -42,8 +42,18 @@ def shapes(config):
     layer = d * q + 2 * d * kv + q * d + bias + 3 * d * c.intermediate_size + 2 * d
     tied = getattr(c, "tie_word_embeddings", False)
     root = c.vocab_size * d * (1 if tied else 2) + d
-    return SimpleNamespace(d=d, f=c.intermediate_size, q=q, kv=kv, layers=layers, vocab=c.vocab_size, layer=layer,
-                           root=root, params=layers * layer + root, tied=tied)
+    return SimpleNamespace(
+        d=d,
+        f=c.intermediate_size,
+        q=q,
+        kv=kv,
+        layers=layers,
+        vocab=c.vocab_size,
+        layer=layer,
+        root=root,
+        params=layers * layer + root,
+        tied=tied,
+    )
 
 
 def act_bytes(s, bf16):
@@ -63,13 +73,19 @@ def plan(args, script, world, config=None, gpu=True):
     bf16, head32 = args.precision == "bf16", getattr(args, "fp32_head", True)
     b, bh = 2 if bf16 else 4, 4 if head32 or not bf16 else 2
     extra = (getattr(args, "ref_free", "on") == "off") + (
-        script == "grpo" and args.kl_baseline == "initial" and (args.online or args.sync != "none"))
+        script == "grpo" and args.kl_baseline == "initial" and (args.online or args.sync != "none")
+    )
     seqs = args.micro_batch_size * (1 if script == "grpo" else 2)  # DPO: chosen + rejected; KTO: + KL pairs
     tokens = seqs * args.max_length
-    rows = [("weights, fp32, sharded" + (f" (policy + {extra} more)" if extra else ""), (1 + extra) * s.params * 4 / W,
-             "both"),
-            ("gradients, fp32, sharded", s.params * 4 / W, "train"),
-            ("AdamW moments, fp32, sharded", 8 * s.params / W, "both")]
+    rows = [
+        (
+            "weights, fp32, sharded" + (f" (policy + {extra} more)" if extra else ""),
+            (1 + extra) * s.params * 4 / W,
+            "both",
+        ),
+        ("gradients, fp32, sharded", s.params * 4 / W, "train"),
+        ("AdamW moments, fp32, sharded", 8 * s.params / W, "both"),
+    ]
     if W > 1:
         rows.append(("gathered: root in the head's dtype, two layers", s.root * bh + 2 * s.layer * b, "train"))
     elif bf16:
@@ -80,24 +96,44 @@ def plan(args, script, world, config=None, gpu=True):
     else:
         acts, how = tokens * s.layers * layer_act, ""
     rows.append((f"activations: {seqs} x {args.max_length} tokens{how}", acts, "train"))
-    rows.append(("log-prob head: fp32 hidden states + one chunk of logits",
-                 tokens * s.d * 4 + 3 * min(CHUNK, tokens) * s.vocab * 4, "train"))
+    rows.append(
+        (
+            "log-prob head: fp32 hidden states + one chunk of logits",
+            tokens * s.d * 4 + 3 * min(CHUNK, tokens) * s.vocab * 4,
+            "train",
+        )
+    )
     n = (args.num_samples if hasattr(args, "num_samples") else args.num_generations) if args.online else 1
-    per_process = math.ceil(prompts_per_sampling(args, script) / W) if args.online else \
-        math.ceil(args.num_eval_prompts / W) if args.eval_prompts != "none" else 0
+    per_process = (
+        math.ceil(prompts_per_sampling(args, script) / W)
+        if args.online
+        else math.ceil(args.num_eval_prompts / W)
+        if args.eval_prompts != "none"
+        else 0
+    )
     if per_process:
         gen = min(max(1, args.generation_batch_size // n), per_process) * n
         length = args.max_prompt_length + args.max_new_tokens
         gathered = (s.params - s.root) * b + s.root * bh if W > 1 else s.params * 2 if bf16 else 0
-        rows += [("generation: the policy gathered" if W > 1 else "generation: autocast's bf16 weights", gathered,
-                  "generate"),
-                 (f"generation: KV cache, {gen} x {length} tokens", gen * length * 2 * s.layers * s.kv * b, "generate"),
-                 ("generation: next-token logits, fp32", gen * s.vocab * 4 * 3, "generate")]
+        rows += [
+            (
+                "generation: the policy gathered" if W > 1 else "generation: autocast's bf16 weights",
+                gathered,
+                "generate",
+            ),
+            (f"generation: KV cache, {gen} x {length} tokens", gen * length * 2 * s.layers * s.kv * b, "generate"),
+            ("generation: next-token logits, fp32", gen * s.vocab * 4 * 3, "generate"),
+        ]
     for reward_config in reward_configs:
         r = shapes(reward_config)
-        rows += [("reward model, replicated", (r.params - r.vocab * r.d * (0 if r.tied else 1)) * b, "both"),
-                 (f"reward model forward: {args.reward_batch_size} sequences",
-                  args.reward_batch_size * args.max_length * (4 * r.d + 3 * r.f) * b, "score")]
+        rows += [
+            ("reward model, replicated", (r.params - r.vocab * r.d * (0 if r.tied else 1)) * b, "both"),
+            (
+                f"reward model forward: {args.reward_batch_size} sequences",
+                args.reward_batch_size * args.max_length * (4 * r.d + 3 * r.f) * b,
+                "score",
+            ),
+        ]
     if gpu:
         rows.append(("CUDA context and allocator slack", GIB, "both"))
     return rows
@@ -123,9 +159,14 @@ def table(rows, gpu_gib=80):
     out = [f"memory plan per process, GiB ({'phase':>8}: 'both' is held throughout)"]
     out += [f"  {name:<58} {phase:>8} {v / GIB:8.2f}" for name, v, phase in rows if v]
     total = peak(rows) / GIB
-    out.append(f"  {'peak: the largest phase + both':<58} {'':>8} {total:8.2f}"
-               + ("" if total <= gpu_gib else f"  > {gpu_gib} GiB: see --gradient_checkpointing, --micro_batch_size, "
-                  "--generation_batch_size"))
+    out.append(
+        f"  {'peak: the largest phase + both':<58} {'':>8} {total:8.2f}"
+        + (
+            ""
+            if total <= gpu_gib
+            else f"  > {gpu_gib} GiB: see --gradient_checkpointing, --micro_batch_size, --generation_batch_size"
+        )
+    )
     return "\n".join(out)
 
 

@@ -72,8 +72,9 @@ def _check_prospect(outcomes, probs) -> tuple[np.ndarray, np.ndarray]:
     return outcomes, probs / probs.sum()
 
 
-def weights(outcomes, probs, gamma_gain: float = GAMMA_GAIN, gamma_loss: float = GAMMA_LOSS,
-            z0: float = 0.0) -> np.ndarray:
+def weights(
+    outcomes, probs, gamma_gain: float = GAMMA_GAIN, gamma_loss: float = GAMMA_LOSS, z0: float = 0.0
+) -> np.ndarray:
     """Eq. 4: the decision weight of each outcome, in the order given.
 
     Gain z (z >= z0):  Omega+(P[Z >= z]) - Omega+(P[Z > z])   (decumulative, from the best gain)
@@ -105,9 +106,15 @@ def weights(outcomes, probs, gamma_gain: float = GAMMA_GAIN, gamma_loss: float =
     return w[index] * share
 
 
-def subjective_utility(outcomes, probs, alpha: float = ALPHA, lam: float = LAMBDA,
-                       gamma_gain: float = GAMMA_GAIN, gamma_loss: float = GAMMA_LOSS,
-                       z0: float = 0.0) -> float:
+def subjective_utility(
+    outcomes,
+    probs,
+    alpha: float = ALPHA,
+    lam: float = LAMBDA,
+    gamma_gain: float = GAMMA_GAIN,
+    gamma_loss: float = GAMMA_LOSS,
+    z0: float = 0.0,
+) -> float:
     """Def. 3.3: u = sum_i w_i v(z_i), with the weights of eq. 4 and the value of Def. 3.1."""
     w = weights(outcomes, probs, gamma_gain, gamma_loss, z0)
     return float(np.sum(w * value(outcomes, alpha, lam, z0)))
@@ -122,9 +129,7 @@ def utility_gap_bound(omega, q, v_sup: float) -> float:
     omega = np.asarray(omega, dtype=float)
     q = np.asarray(q, dtype=float)
     if omega.ndim != 1 or omega.shape != q.shape:
-        raise ValueError(
-            f"omega and q must be 1-d of the same length, got {omega.shape} and {q.shape}"
-        )
+        raise ValueError(f"omega and q must be 1-d of the same length, got {omega.shape} and {q.shape}")
     for name, dist in (("omega", omega), ("q", q)):
         if np.any(dist < 0) or abs(dist.sum() - 1) > 1e-6:
             raise ValueError(f"{name} must be non-negative and sum to 1 (within 1e-6)")
@@ -137,9 +142,7 @@ def utility_gap_bound(omega, q, v_sup: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description="Tabulate (and plot) the Tversky-Kahneman weighting."
-    )
+    parser = argparse.ArgumentParser(description="Tabulate (and plot) the Tversky-Kahneman weighting.")
     parser.add_argument("--out", default="prospect_weighting.png", help="where to write the plot")
     args = parser.parse_args()
 

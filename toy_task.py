@@ -133,7 +133,9 @@ def parse_prompt(prompt: str) -> tuple[int, int]:
     return int(left), int(right)
 
 
-def demonstration(a: int, b: int, n_digits: int = 3, rng=None, drop_carry_prob=0.0, miscopy_prob=0.0, drop_sums=(10, 13)):
+def demonstration(
+    a: int, b: int, n_digits: int = 3, rng=None, drop_carry_prob=0.0, miscopy_prob=0.0, drop_sums=(10, 13)
+):
     """The worked completion for a + b. With an `rng`, the noisy demonstrations of the warm start:
     a column whose sum lies in `drop_sums` drops its carry with `drop_carry_prob` (and so does the answer, which
     stays consistent with the scratchpad); with `miscopy_prob` one answer digit is miscopied."""
@@ -279,10 +281,18 @@ def generate(model, tokenizer, prompts, num_samples=1, temperature=1.0, max_new_
     out = []
     for i in range(0, len(flat), batch_size):
         enc = tokenizer(flat[i : i + batch_size], return_tensors="pt", padding=True)
-        kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+        kw = (
+            dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+            if temperature > 0
+            else dict(do_sample=False)
+        )
         seqs = model.generate(
-            **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id, cache_implementation="static", **kw
+            **enc,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            cache_implementation="static",
+            **kw,
         )
         out += tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     torch.random.set_rng_state(generator_state)
@@ -328,13 +338,18 @@ def _preference_pairs(model, tokenizer, policy, prompts, cfg, seed):
     scores = reward([p for p in prompts for _ in range(cfg.num_samples)], samples)
     rows = []
     for i, p in enumerate(prompts):
-        group = [(s, c) for s, c in zip(scores[i * cfg.num_samples : (i + 1) * cfg.num_samples], samples[i * cfg.num_samples :])
-                 if c.strip()]  # an empty completion is not a valid training example
+        group = [
+            (s, c)
+            for s, c in zip(scores[i * cfg.num_samples : (i + 1) * cfg.num_samples], samples[i * cfg.num_samples :])
+            if c.strip()
+        ]  # an empty completion is not a valid training example
         if len(group) < 2:
             continue
         best, worst = max(group, key=lambda t: t[0]), min(group, key=lambda t: t[0])
         if best[0] - worst[0] >= cfg.reward_threshold:
-            rows.append(dict(prompt=p, chosen=best[1], rejected=worst[1], score_chosen=best[0], score_rejected=worst[0]))
+            rows.append(
+                dict(prompt=p, chosen=best[1], rejected=worst[1], score_chosen=best[0], score_rejected=worst[0])
+            )
     ps = [r["prompt"] for r in rows]
     for key in ("chosen", "rejected"):  # the data-quality proxy: mean token log-prob under the start
         for r, lp in zip(rows, mean_token_logps(policy, tokenizer, ps, [r[key] for r in rows])):
@@ -357,8 +372,10 @@ def _build(root, cfg: ToyConfig, log):
             problems.append(ab)
     split = {"test": problems[: cfg.n_test_prompts], "train": problems[cfg.n_test_prompts :]}
     for name, probs in split.items():
-        _write_jsonl(os.path.join(root, f"prompts_{name}.jsonl"),
-                     [dict(prompt=make_prompt(a, b), solution=str(a + b)) for a, b in probs])
+        _write_jsonl(
+            os.path.join(root, f"prompts_{name}.jsonl"),
+            [dict(prompt=make_prompt(a, b), solution=str(a + b)) for a, b in probs],
+        )
     # the validation split from its own random stream, so that the splits and everything after them are unchanged
     valid_rng, split["valid"] = random.Random(f"valid-{cfg.seed}"), []
     while len(split["valid"]) < cfg.n_valid_prompts:
@@ -366,7 +383,10 @@ def _build(root, cfg: ToyConfig, log):
         if ab not in seen:
             seen.add(ab)
             split["valid"].append(ab)
-    _write_jsonl(os.path.join(root, "prompts_valid.jsonl"), [dict(prompt=make_prompt(a, b), solution=str(a + b)) for a, b in split["valid"]])
+    _write_jsonl(
+        os.path.join(root, "prompts_valid.jsonl"),
+        [dict(prompt=make_prompt(a, b), solution=str(a + b)) for a, b in split["valid"]],
+    )
     test_prompts = [make_prompt(a, b) for a, b in split["test"]]
 
     # the starting policy, and the early checkpoint of the same run that is the `weak` source
@@ -386,7 +406,16 @@ def _build(root, cfg: ToyConfig, log):
     # the `strong` source: the policy fine-tuned on differently noised demonstrations
     strong = make_model(cfg, tokenizer)
     strong.load_state_dict(policy.state_dict())
-    _sft(strong, cfg, tokenizer, cfg.strong_steps, cfg.sft_lr / 3, rng, cfg.strong_drop_carry_prob, cfg.strong_miscopy_prob)
+    _sft(
+        strong,
+        cfg,
+        tokenizer,
+        cfg.strong_steps,
+        cfg.sft_lr / 3,
+        rng,
+        cfg.strong_drop_carry_prob,
+        cfg.strong_miscopy_prob,
+    )
     weak_model = make_model(cfg, tokenizer)
     weak_model.load_state_dict(weak["state"])
     weak_model.eval()
@@ -404,8 +433,11 @@ def _build(root, cfg: ToyConfig, log):
         _write_jsonl(os.path.join(root, f"offline_{name}.jsonl"), rows)
         mean = lambda k: sum(r[k] for r in rows) / max(1, len(rows))  # noqa: E731
         stats[f"offline_{name}"] = dict(
-            pairs=len(rows), kept_frac=len(rows) / n, score_chosen=mean("score_chosen"),
-            score_rejected=mean("score_rejected"), chosen_ref_logp=mean("chosen_ref_logp"),
+            pairs=len(rows),
+            kept_frac=len(rows) / n,
+            score_chosen=mean("score_chosen"),
+            score_rejected=mean("score_rejected"),
+            chosen_ref_logp=mean("chosen_ref_logp"),
             rejected_ref_logp=mean("rejected_ref_logp"),
         )
         log(f"offline data `{name}`: {len(rows)} pairs ({time.time() - t0:.1f}s)")
@@ -416,8 +448,10 @@ def _build(root, cfg: ToyConfig, log):
 
 def _paths(root) -> ToyPaths:
     return ToyPaths(
-        root=root, model=os.path.join(root, "model"),
-        prompts_train=os.path.join(root, "prompts_train.jsonl"), prompts_test=os.path.join(root, "prompts_test.jsonl"),
+        root=root,
+        model=os.path.join(root, "model"),
+        prompts_train=os.path.join(root, "prompts_train.jsonl"),
+        prompts_test=os.path.join(root, "prompts_test.jsonl"),
         prompts_valid=os.path.join(root, "prompts_valid.jsonl"),
         offline={n: os.path.join(root, f"offline_{n}.jsonl") for n in ("strong", "weak")},
         sources={n: os.path.join(root, f"source_{n}") for n in ("strong", "weak")},
@@ -441,7 +475,11 @@ def load(root=INSTANCE_DIR) -> ToyPaths:
     fix = "restore it with `git checkout -- toy`, or rebuild it with `python toy_task.py --rebuild`"
     if not os.path.exists(os.path.join(root, "SHA256SUMS")):
         raise SystemExit(f"{root}/SHA256SUMS is missing: {fix}")
-    changed = [n for n, d in read_sums(root).items() if not os.path.exists(os.path.join(root, n)) or sha256(os.path.join(root, n)) != d]
+    changed = [
+        n
+        for n, d in read_sums(root).items()
+        if not os.path.exists(os.path.join(root, n)) or sha256(os.path.join(root, n)) != d
+    ]
     if changed:
         raise SystemExit(f"{root}: {', '.join(changed)} missing or not matching SHA256SUMS: {fix}")
     return _paths(root)
@@ -455,8 +493,11 @@ def cached(cache_dir, config: ToyConfig) -> ToyPaths:
 def build(cache_dir=None, config: ToyConfig = ToyConfig(), verbose=True) -> ToyPaths:
     """Build an instance from `config` into `cache_dir` if it is not there yet, and return its paths.
     Safe to call from several processes at once; a build that died halfway is never used."""
-    cache_dir = cache_dir or os.environ.get("HUMANLINE_TOY_CACHE") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), ".cache", "toy_task")
+    cache_dir = (
+        cache_dir
+        or os.environ.get("HUMANLINE_TOY_CACHE")
+        or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "toy_task")
+    )
     paths = cached(cache_dir, config)
     root = paths.root
     complete = os.path.join(root, "COMPLETE")
@@ -494,7 +535,13 @@ def rebuild(config: ToyConfig = ToyConfig(), root=INSTANCE_DIR, verbose=True) ->
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(built.model, os.path.join(tmp, "model"))
         names = ["model/" + n for n in sorted(os.listdir(built.model))]
-        for path in (built.prompts_train, built.prompts_test, built.prompts_valid, *built.offline.values(), built.stats):
+        for path in (
+            built.prompts_train,
+            built.prompts_test,
+            built.prompts_valid,
+            *built.offline.values(),
+            built.stats,
+        ):
             shutil.copy(path, tmp)
             names.append(os.path.basename(path))
         with open(os.path.join(tmp, "SHA256SUMS"), "w") as f:
@@ -504,16 +551,29 @@ def rebuild(config: ToyConfig = ToyConfig(), root=INSTANCE_DIR, verbose=True) ->
     after = read_sums(root)
     changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
     if verbose:
-        print(f"{root}: " + ("installed (there was none)" if not before else "identical to the instance that was there" if not changed else
-              f"{len(changed)} of {len(after)} files differ from the instance that was there ({', '.join(changed)}). "
-              "Expected on a CPU with other SIMD code paths than the one that built it: every figure in the README was "
-              "measured on the committed instance, which `git checkout -- toy` restores"))
+        print(
+            f"{root}: "
+            + (
+                "installed (there was none)"
+                if not before
+                else "identical to the instance that was there"
+                if not changed
+                else f"{len(changed)} of {len(after)} files differ from the instance that was there "
+                f"({', '.join(changed)}). Expected on a CPU with other SIMD code paths than the one that built it: "
+                "every figure in the README was "
+                "measured on the committed instance, which `git checkout -- toy` restores"
+            )
+        )
     return not changed
 
 
 def main():
-    parser = argparse.ArgumentParser(description="The built-in toy task: check the committed instance and print its statistics.")
-    parser.add_argument("--rebuild", action="store_true", help="rebuild toy/ from scratch on this machine (1-2 minutes on 2 CPU cores)")
+    parser = argparse.ArgumentParser(
+        description="The built-in toy task: check the committed instance and print its statistics."
+    )
+    parser.add_argument(
+        "--rebuild", action="store_true", help="rebuild toy/ from scratch on this machine (1-2 minutes on 2 CPU cores)"
+    )
     if parser.parse_args().rebuild:
         rebuild()
     paths = load()
@@ -522,12 +582,16 @@ def main():
     print(f"toy task at {paths.root} (every file matches SHA256SUMS)")
     print(f"  model: {s['params']:,} parameters")
     for name in ("policy", "strong", "weak"):
-        print(f"  {name:7s} greedy test accuracy {s[f'{name}/test_accuracy']:.3f}, reward {s[f'{name}/test_reward']:.3f}")
+        print(
+            f"  {name:7s} greedy test accuracy {s[f'{name}/test_accuracy']:.3f}, reward {s[f'{name}/test_reward']:.3f}"
+        )
     for name in ("strong", "weak"):
         o = s[f"offline_{name}"]
-        print(f"  offline `{name}`: {o['pairs']} pairs ({o['kept_frac']:.0%} kept), score chosen {o['score_chosen']:.3f} "
-              f"rejected {o['score_rejected']:.3f}, mean token log-prob under the start policy: "
-              f"chosen {o['chosen_ref_logp']:.3f} rejected {o['rejected_ref_logp']:.3f}")
+        print(
+            f"  offline `{name}`: {o['pairs']} pairs ({o['kept_frac']:.0%} kept), score chosen {o['score_chosen']:.3f} "
+            f"rejected {o['score_rejected']:.3f}, mean token log-prob under the start policy: "
+            f"chosen {o['chosen_ref_logp']:.3f} rejected {o['rejected_ref_logp']:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What humanline costs per training step: side by side with offline training and with the floor, on the same tokens.
 
-    python experiments/bench.py                       # toy model and a random 30M Llama; DPO, KTO, GRPO (~20 min, 2 cores)
+    python experiments/bench.py                       # toy model, a random 30M Llama; DPO, KTO, GRPO (~20 min, 2 cores)
     python experiments/bench.py --models 30m --algos dpo --repeats 2
     python experiments/bench.py --quick               # toy model, 3 steps: a smoke test (~5 min)
 
@@ -74,7 +74,13 @@ def online_flags(algo, model, batch):
     if algo == "grpo":
         return ["--online", "--num_generations", "4", "--sample_every", "2"]
     pairs_per_step = batch if algo == "dpo" else batch // 2
-    flags = ["--online", "--round_size", str(2 * pairs_per_step if algo == "dpo" else 4 * pairs_per_step), "--num_samples", "4"]
+    flags = [
+        "--online",
+        "--round_size",
+        str(2 * pairs_per_step if algo == "dpo" else 4 * pairs_per_step),
+        "--num_samples",
+        "4",
+    ]
     return flags + (["--reward_threshold", "0"] if model != "toy" else [])
 
 
@@ -95,9 +101,19 @@ def random_llama(cache):
     import toy_task
 
     tok = AutoTokenizer.from_pretrained(toy_task.load().model)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1536, num_hidden_layers=9,
-                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64, tie_word_embeddings=True,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=9,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     tmp = path + ".tmp"
     LlamaForCausalLM(config).save_pretrained(tmp)
@@ -139,7 +155,9 @@ def worker(opts):
         importlib.import_module("datasets")  # the scripts import it to read data
         return {"peak_gib": peak_gib(device)}
     args = m.Args(batch_size=opts.batch, micro_batch_size=opts.batch)
-    encoded = m.load_data(args, "examples" if opts.algo == "kto" else "preferences", tok, toy, argparse.Namespace(rank=0))
+    encoded = m.load_data(
+        args, "examples" if opts.algo == "kto" else "preferences", tok, toy, argparse.Namespace(rank=0)
+    )
     if opts.algo == "kto":  # as the scripts
         data = [(p, c, d) for p, cs, ds in encoded for c, d in zip(cs, ds)]
     else:
@@ -180,15 +198,22 @@ def worker(opts):
         sync()
         sync_times.append(time.perf_counter() - t0)
         sync_cpu.append(time.process_time() - cpu0)
-    return {"steps": times, "cpu": cpu, "tokens": tokens, "params": sum(p.numel() for p in policy.parameters()),
-            "sync_s": statistics.median(sync_times), "sync_cpu": statistics.median(sync_cpu), "peak_gib": peak_gib(device)}
+    return {
+        "steps": times,
+        "cpu": cpu,
+        "tokens": tokens,
+        "params": sum(p.numel() for p in policy.parameters()),
+        "sync_s": statistics.median(sync_times),
+        "sync_cpu": statistics.median(sync_cpu),
+        "peak_gib": peak_gib(device),
+    }
 
 
 # ----------------------------------------------------------------------------------------------
 # TRL side by side (--trl): DPO on the same model, batches and tokens
 # ----------------------------------------------------------------------------------------------
 
-# (name, our script's flags or TRL's DPOConfig options); each repeat runs them all, in this order, one fresh process each
+# (name, our script's flags or TRL's DPOConfig options); each repeat runs them all, in order, one fresh process each
 SIDE_BY_SIDE = [
     ("ours: offline, 2 models", ["--offline", "--ref_free", "off"]),
     ("ours: offline", ["--offline"]),
@@ -197,10 +222,22 @@ SIDE_BY_SIDE = [
     ("TRL: DPO defaults", {}),
     ("TRL: DPO, no checkpointing", {"gradient_checkpointing": False}),
     ("TRL: DPO, precompute_ref_log_probs", {"precompute_ref_log_probs": True}),
-    ("TRL: DPO, precompute_ref_log_probs, no checkpointing", {"precompute_ref_log_probs": True, "gradient_checkpointing": False}),
+    (
+        "TRL: DPO, precompute_ref_log_probs, no checkpointing",
+        {"precompute_ref_log_probs": True, "gradient_checkpointing": False},
+    ),
 ]
-TRL_SETTINGS = dict(learning_rate=5e-6, warmup_steps=0.1, lr_scheduler_type="linear", weight_decay=0.01, adam_epsilon=1e-5,
-                    max_grad_norm=1.0, beta=0.1, max_length=1024, seed=0)  # our scripts' defaults
+TRL_SETTINGS = dict(
+    learning_rate=5e-6,
+    warmup_steps=0.1,
+    lr_scheduler_type="linear",
+    weight_decay=0.01,
+    adam_epsilon=1e-5,
+    max_grad_norm=1.0,
+    beta=0.1,
+    max_length=1024,
+    seed=0,
+)  # our scripts' defaults
 
 
 def trl_worker(opts):
@@ -225,9 +262,19 @@ def trl_worker(opts):
     ours = [(p, c, r) for p, (c, r), _ in m.load_data(m.Args(), "preferences", tok, toy, argparse.Namespace(rank=0))]
     order = [i for s in range(opts.steps) for i in m.offline_batch(list(range(len(rows))), s, opts.batch, 0)]
     dataset = datasets.Dataset.from_list([{k: rows[i][k] for k in ("prompt", "chosen", "rejected")} for i in order])
-    config = DPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=opts.batch, max_steps=opts.steps,
-                       save_strategy="no", report_to=[], logging_steps=1, use_cpu=device.type == "cpu",
-                       bf16=device.type == "cuda", dataloader_num_workers=0, **TRL_SETTINGS, **json.loads(opts.trl_options))
+    config = DPOConfig(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=opts.batch,
+        max_steps=opts.steps,
+        save_strategy="no",
+        report_to=[],
+        logging_steps=1,
+        use_cpu=device.type == "cpu",
+        bf16=device.type == "cuda",
+        dataloader_num_workers=0,
+        **TRL_SETTINGS,
+        **json.loads(opts.trl_options),
+    )
     timing = {"steps": [], "cpu": []}
 
     class Timer(TrainerCallback):
@@ -250,13 +297,30 @@ def trl_worker(opts):
     trainer = InOrder(model=model, args=config, train_dataset=dataset, processing_class=tok, callbacks=[Timer()])
     theirs = [(r["prompt_ids"], r["chosen_ids"], r["rejected_ids"]) for r in trainer.train_dataset]
     trainer.train()
-    tokens = [sum(2 * len(p) + len(c) + len(r) for p, c, r in theirs[s * opts.batch: (s + 1) * opts.batch]) for s in range(opts.steps)]
+    tokens = [
+        sum(2 * len(p) + len(c) + len(r) for p, c, r in theirs[s * opts.batch : (s + 1) * opts.batch])
+        for s in range(opts.steps)
+    ]
     return timing | {"tokens": tokens, "peak_gib": peak_gib(device), "same_tokens": theirs == [ours[i] for i in order]}
 
 
 def run_trl(options, model_path, batch, steps, device, memory=False):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "trl", "--algos", "dpo", "--model_path", model_path,
-           "--batch", str(batch), "--steps", str(steps), "--trl_options", json.dumps(options)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        "trl",
+        "--algos",
+        "dpo",
+        "--model_path",
+        model_path,
+        "--batch",
+        str(batch),
+        "--steps",
+        str(steps),
+        "--trl_options",
+        json.dumps(options),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -275,23 +339,39 @@ def side_by_side(opts, device, workdir):
     for rep in range(opts.repeats):
         for name, flags in SIDE_BY_SIDE:
             print(f"[{device} {model}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
-            r = (run_trl(flags, path, batch, opts.steps, device) if isinstance(flags, dict)
-                 else run_script("dpo", path, flags, batch, opts.steps, device, workdir))
+            r = (
+                run_trl(flags, path, batch, opts.steps, device)
+                if isinstance(flags, dict)
+                else run_script("dpo", path, flags, batch, opts.steps, device, workdir)
+            )
             runs[name].append(statistics.mean(r["cpu" if device == "cpu" else "steps"]))
             if isinstance(flags, dict) and not r["same_tokens"]:
                 raise SystemExit("TRL tokenised the rows differently from our scripts: not the same tokens")
     memory = {}
     for name, flags in SIDE_BY_SIDE:
         print(f"[{device} {model}] {name} (memory)", file=sys.stderr, flush=True)
-        memory[name] = (run_trl(flags, path, batch, 3, device, memory=device == "cpu") if isinstance(flags, dict)
-                        else run_script("dpo", path, flags, batch, 3, device, workdir, memory=device == "cpu"))["peak_gib"]
-    libraries = {"ours": run_worker("baseline", "dpo", path, 1, 1, device, memory=device == "cpu")["peak_gib"],
-                 "TRL": run_trl({}, path, batch, 0, device, memory=device == "cpu")["peak_gib"]}
+        memory[name] = (
+            run_trl(flags, path, batch, 3, device, memory=device == "cpu")
+            if isinstance(flags, dict)
+            else run_script("dpo", path, flags, batch, 3, device, workdir, memory=device == "cpu")
+        )["peak_gib"]
+    libraries = {
+        "ours": run_worker("baseline", "dpo", path, 1, 1, device, memory=device == "cpu")["peak_gib"],
+        "TRL": run_trl({}, path, batch, 0, device, memory=device == "cpu")["peak_gib"],
+    }
     rows = []
     for name, _ in SIDE_BY_SIDE:
-        row = {"device": device, "model": model, "config": name, "batch_size": batch, "steps": opts.steps,
-               "basis": "cpu" if device == "cpu" else "wall", "step_s": runs[name], "peak_gib": memory[name],
-               "libraries_gib": libraries[name.split(":")[0]]}
+        row = {
+            "device": device,
+            "model": model,
+            "config": name,
+            "batch_size": batch,
+            "steps": opts.steps,
+            "basis": "cpu" if device == "cpu" else "wall",
+            "step_s": runs[name],
+            "peak_gib": memory[name],
+            "libraries_gib": libraries[name.split(":")[0]],
+        }
         for other in ("TRL: DPO defaults", "TRL: DPO, no checkpointing"):
             ratios = [a / b for a, b in zip(runs[name], runs[other])]
             row[f"vs {other}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
@@ -301,32 +381,49 @@ def side_by_side(opts, device, workdir):
 
 
 def side_by_side_table(rows):
-    lines = ["| configuration | step (s), median of repeats | / TRL defaults: median [min, max] | / TRL no checkpointing: median "
-             "[min, max] | peak memory (GiB) | / TRL precompute_ref_log_probs | python + libraries alone (GiB) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| configuration | step (s), median of repeats | / TRL defaults: median [min, max] "
+        "| / TRL no checkpointing: median "
+        "[min, max] | peak memory (GiB) | / TRL precompute_ref_log_probs | python + libraries alone (GiB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         cell = lambda k: f"{r[k]['median']:.3f} [{r[k]['min']:.3f}, {r[k]['max']:.3f}]"  # noqa: E731
-        lines.append(f"| {r['config']} | {statistics.median(r['step_s']):.3f} | {cell('vs TRL: DPO defaults')} | "
-                     f"{cell('vs TRL: DPO, no checkpointing')} | {r['peak_gib']:.3f} | {r['memory vs TRL precompute']:.3f} | "
-                     f"{r['libraries_gib']:.3f} |")
+        lines.append(
+            f"| {r['config']} | {statistics.median(r['step_s']):.3f} | {cell('vs TRL: DPO defaults')} | "
+            f"{cell('vs TRL: DPO, no checkpointing')} | {r['peak_gib']:.3f} | {r['memory vs TRL precompute']:.3f} | "
+            f"{r['libraries_gib']:.3f} |"
+        )
     return "\n".join(lines)
 
 
 def side_by_side_targets(rows):
     """A target is claimed met or missed only where the ratio's whole range lies on one side of it."""
     get = {r["config"]: r for r in rows}
-    checks = [("ours: offline, 2 models", "vs TRL: DPO defaults", 0.9), ("ours: offline, 2 models", "vs TRL: DPO, no checkpointing", 1.0),
-              ("ours: humanline k=1", "vs TRL: DPO defaults", 1.0), ("ours: humanline k=16", "vs TRL: DPO defaults", 1.0)]
+    checks = [
+        ("ours: offline, 2 models", "vs TRL: DPO defaults", 0.9),
+        ("ours: offline, 2 models", "vs TRL: DPO, no checkpointing", 1.0),
+        ("ours: humanline k=1", "vs TRL: DPO defaults", 1.0),
+        ("ours: humanline k=16", "vs TRL: DPO defaults", 1.0),
+    ]
     out = []
     for config, key, target in checks:
         x = get[config][key]
-        verdict = "met" if x["max"] <= target else "MISSED" if x["min"] > target else "not decided (the range straddles it)"
-        out.append(f"- {verdict}: {config} {key} <= {target}: median {x['median']:.3f}, range [{x['min']:.3f}, {x['max']:.3f}]")
+        verdict = (
+            "met" if x["max"] <= target else "MISSED" if x["min"] > target else "not decided (the range straddles it)"
+        )
+        out.append(
+            f"- {verdict}: {config} {key} <= {target}: median {x['median']:.3f}, range [{x['min']:.3f}, {x['max']:.3f}]"
+        )
     pre = get["TRL: DPO, precompute_ref_log_probs"]
     for config in ("ours: offline", "ours: humanline k=1", "ours: humanline k=16"):
         ratio = get[config]["memory vs TRL precompute"]
         net = (get[config]["peak_gib"] - get[config]["libraries_gib"]) / (pre["peak_gib"] - pre["libraries_gib"])
-        out.append(f"- {'met' if ratio <= 1 else 'MISSED'}: {config} peak memory / TRL precompute_ref_log_probs <= 1: {ratio:.3f} "
-                   f"(less each side's python + libraries: {net:.3f})")
+        out.append(
+            f"- {'met' if ratio <= 1 else 'MISSED'}: {config} peak memory / TRL precompute_ref_log_probs <= 1: "
+            f"{ratio:.3f} "
+            f"(less each side's python + libraries: {net:.3f})"
+        )
     return "\n".join(out)
 
 
@@ -336,7 +433,11 @@ def side_by_side_targets(rows):
 
 
 def env_for(device, memory=False):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -346,8 +447,20 @@ def env_for(device, memory=False):
 
 
 def run_worker(kind, algo, model_path, batch, steps, device, memory=False):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--algos", algo, "--model_path", model_path,
-           "--batch", str(batch), "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        kind,
+        "--algos",
+        algo,
+        "--model_path",
+        model_path,
+        "--batch",
+        str(batch),
+        "--steps",
+        str(steps),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -356,9 +469,25 @@ def run_worker(kind, algo, model_path, batch, steps, device, memory=False):
 
 def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=False):
     out = tempfile.mkdtemp(dir=workdir)
-    cmd = [sys.executable, SCRIPTS[algo], "--model_name_or_path", model_path, "--max_steps", str(steps),
-           "--batch_size", str(batch), "--micro_batch_size", str(batch), "--eval_prompts", "none", "--save_every", "0",
-           "--output_dir", out, *flags]
+    cmd = [
+        sys.executable,
+        SCRIPTS[algo],
+        "--model_name_or_path",
+        model_path,
+        "--max_steps",
+        str(steps),
+        "--batch_size",
+        str(batch),
+        "--micro_batch_size",
+        str(batch),
+        "--eval_prompts",
+        "none",
+        "--save_every",
+        "0",
+        "--output_dir",
+        out,
+        *flags,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
     try:
         if proc.returncode:
@@ -369,10 +498,13 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
         shutil.rmtree(out, ignore_errors=True)
     train = [r for r in records if "perf/step_seconds" in r]
     rounds = [r["online/seconds"] for r in records if "online/seconds" in r]
-    return {"steps": [r["perf/step_seconds"] for r in train], "cpu": [r["perf/step_cpu_seconds"] for r in train], "peak_gib": max(r["perf/peak_memory_gib"] for r in train),
-            "round_s": statistics.median(rounds) if rounds else None,
-            "online_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train) if rounds else None}
-
+    return {
+        "steps": [r["perf/step_seconds"] for r in train],
+        "cpu": [r["perf/step_cpu_seconds"] for r in train],
+        "peak_gib": max(r["perf/peak_memory_gib"] for r in train),
+        "round_s": statistics.median(rounds) if rounds else None,
+        "online_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train) if rounds else None,
+    }
 
 
 def bench(opts, device, workdir):
@@ -380,50 +512,95 @@ def bench(opts, device, workdir):
     for model in opts.models:
         model_path = "toy" if model == "toy" else random_llama(os.path.join(ROOT, ".cache", "bench"))
         base = run_worker("baseline", "dpo", model_path, 1, 1, device, memory=device == "cpu")
-        rows.append({"device": device, "model": model, "algo": "-", "config": "python + libraries", "peak_gib": base["peak_gib"]})
+        rows.append(
+            {
+                "device": device,
+                "model": model,
+                "algo": "-",
+                "config": "python + libraries",
+                "peak_gib": base["peak_gib"],
+            }
+        )
         for algo in opts.algos:
             batch = BATCH[model][algo]
             configs = [("floor", None)] + OFFLINE + [("online", online_flags(algo, model, batch))]
             results = {}
             for rep in range(opts.repeats):  # repeats interleave the configurations: slow spells hit all alike
                 for name, flags in configs:
-                    print(f"[{device} {model} {algo}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
-                    r = (run_worker("floor", algo, model_path, batch, opts.steps, device) if flags is None
-                         else run_script(algo, model_path, flags, batch, opts.steps, device, workdir))
+                    print(
+                        f"[{device} {model} {algo}] {name} (repeat {rep + 1}/{opts.repeats})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    r = (
+                        run_worker("floor", algo, model_path, batch, opts.steps, device)
+                        if flags is None
+                        else run_script(algo, model_path, flags, batch, opts.steps, device, workdir)
+                    )
                     results.setdefault(name, []).append(r)
             memory = {}  # on CPU a separate pass, glibc returning freed memory at once (its timings would suffer)
             for name, flags in configs if device == "cpu" else []:
                 print(f"[{device} {model} {algo}] {name} (memory)", file=sys.stderr, flush=True)
-                memory[name] = (run_worker("floor", algo, model_path, batch, 3, device, memory=True) if flags is None
-                                else run_script(algo, model_path, flags, batch, 3, device, workdir, memory=True))
+                memory[name] = (
+                    run_worker("floor", algo, model_path, batch, 3, device, memory=True)
+                    if flags is None
+                    else run_script(algo, model_path, flags, batch, 3, device, workdir, memory=True)
+                )
             floor = results["floor"][0]
             tokens, params = statistics.median(floor["tokens"][1:] or floor["tokens"]), floor["params"]
             wall = {name: min(statistics.mean(r["steps"]) for r in rs) for name, rs in results.items()}
             cpu = {name: min(statistics.mean(r["cpu"]) for r in rs) for name, rs in results.items()}
-            median_cpu = {name: statistics.median(statistics.mean(r["cpu"]) for r in rs) for name, rs in results.items()}
+            median_cpu = {
+                name: statistics.median(statistics.mean(r["cpu"]) for r in rs) for name, rs in results.items()
+            }
             step = cpu if device == "cpu" else wall  # the basis of the ratios (see the docstring)
-            peak = {name: (memory[name] if memory else max(rs, key=lambda r: r["peak_gib"]))["peak_gib"] for name, rs in results.items()}
+            peak = {
+                name: (memory[name] if memory else max(rs, key=lambda r: r["peak_gib"]))["peak_gib"]
+                for name, rs in results.items()
+            }
             sync_wall = min(r["sync_s"] for r in results["floor"])
             sync_cpu = min(r["sync_cpu"] for r in results["floor"])
             sync_s = sync_cpu if device == "cpu" else sync_wall
             cmd_flags = {name: flags for name, flags in configs}
             for name in [c for c, _ in configs] + ["sync"]:
-                row = {"device": device, "model": model, "algo": algo, "config": name, "params": params,
-                       "batch_size": batch, "steps": opts.steps, "tokens_per_step": tokens,
-                       "basis": "cpu" if device == "cpu" else "wall"}
+                row = {
+                    "device": device,
+                    "model": model,
+                    "algo": algo,
+                    "config": name,
+                    "params": params,
+                    "batch_size": batch,
+                    "steps": opts.steps,
+                    "tokens_per_step": tokens,
+                    "basis": "cpu" if device == "cpu" else "wall",
+                }
                 if name == "sync":
-                    row |= {"step_s": sync_wall, "step_cpu_s": sync_cpu, "vs_offline": sync_s / step["offline"],
-                            "vs_floor": sync_s / step["floor"]}
+                    row |= {
+                        "step_s": sync_wall,
+                        "step_cpu_s": sync_cpu,
+                        "vs_offline": sync_s / step["offline"],
+                        "vs_floor": sync_s / step["floor"],
+                    }
                 else:
-                    row |= {"flags": cmd_flags[name], "step_s": wall[name], "step_cpu_s": cpu[name],
-                            "vs_offline": step[name] / step["offline"], "vs_floor": step[name] / step["floor"],
-                            "peak_gib": peak[name], "peak_vs_offline": peak[name] / peak["offline"],
-                            "median_cpu_s": median_cpu[name], "peak_gib_timing_runs": [r["peak_gib"] for r in results[name]],
-                            "all_steps": [r["steps"] for r in results[name]], "all_cpu": [r["cpu"] for r in results[name]]}
+                    row |= {
+                        "flags": cmd_flags[name],
+                        "step_s": wall[name],
+                        "step_cpu_s": cpu[name],
+                        "vs_offline": step[name] / step["offline"],
+                        "vs_floor": step[name] / step["floor"],
+                        "peak_gib": peak[name],
+                        "peak_vs_offline": peak[name] / peak["offline"],
+                        "median_cpu_s": median_cpu[name],
+                        "peak_gib_timing_runs": [r["peak_gib"] for r in results[name]],
+                        "all_steps": [r["steps"] for r in results[name]],
+                        "all_cpu": [r["cpu"] for r in results[name]],
+                    }
                     if name == "online":
                         r = results["online"][0]
-                        row |= {"round_s": statistics.median(x["round_s"] for x in results["online"]),
-                                "completion_tokens_per_s": r["online_tokens_per_s"]}
+                        row |= {
+                            "round_s": statistics.median(x["round_s"] for x in results["online"]),
+                            "completion_tokens_per_s": r["online_tokens_per_s"],
+                        }
                     else:
                         row |= {"tokens_per_s": tokens / step[name], "tflops": 8 * params * tokens / step[name] / 1e12}
                         if opts.peak_tflops:
@@ -449,33 +626,58 @@ def table(rows):
             base = next((r for r in block if r["config"] == "python + libraries"), None)
             first = next(r for r in block if "params" in r)
             mfu = any("mfu" in r for r in block)
-            lines += ["", f"**{model} model on {device}** ({first['params'] / 1e6:.1f}M parameters; python + libraries alone: "
-                      f"{base['peak_gib']:.2f} GiB peak)" if base else f"**{model} on {device}**", ""]
-            lines += ["| algo | configuration | step wall (s) | step CPU (s) | / offline | / floor | peak memory (GiB) | / offline "
-                      "| tokens/s | TFLOP/s" + (" | MFU" if mfu else "") + " |",
-                      "|---|---|---|---|---|---|---|---|---|---" + ("|---" if mfu else "") + "|"]
+            lines += [
+                "",
+                f"**{model} model on {device}** ({first['params'] / 1e6:.1f}M parameters; python + libraries alone: "
+                f"{base['peak_gib']:.2f} GiB peak)"
+                if base
+                else f"**{model} on {device}**",
+                "",
+            ]
+            lines += [
+                "| algo | configuration | step wall (s) | step CPU (s) | / offline | / floor | peak memory (GiB) "
+                "| / offline "
+                "| tokens/s | TFLOP/s" + (" | MFU" if mfu else "") + " |",
+                "|---|---|---|---|---|---|---|---|---|---" + ("|---" if mfu else "") + "|",
+            ]
             for r in block:
                 if r["config"] == "python + libraries":
                     continue
                 if r["config"] == "sync":
-                    lines.append(f"| {r['algo']} | sync (one in-place copy) | {r['step_s'] * 1000:.1f} ms | {r['step_cpu_s'] * 1000:.1f} ms | "
-                                 f"{100 * r['vs_offline']:.2f}% | | | | | |" + (" |" if mfu else ""))
+                    lines.append(
+                        f"| {r['algo']} | sync (one in-place copy) | {r['step_s'] * 1000:.1f} ms "
+                        f"| {r['step_cpu_s'] * 1000:.1f} ms | "
+                        f"{100 * r['vs_offline']:.2f}% | | | | | |" + (" |" if mfu else "")
+                    )
                     continue
-                tps = (f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else f"{r['completion_tokens_per_s']:.0f} (completions, wall)")
+                tps = (
+                    f"{r['tokens_per_s']:.0f}"
+                    if "tokens_per_s" in r
+                    else f"{r['completion_tokens_per_s']:.0f} (completions, wall)"
+                )
                 step = f"{r['step_s']:.3f}" + (f" (+ round {r['round_s']:.2f})" if r.get("round_s") else "")
-                lines.append(f"| {r['algo']} | {r['config']} | {step} | {r['step_cpu_s']:.3f} | {r['vs_offline']:.3f} | {r['vs_floor']:.3f} | "
-                             f"{r['peak_gib']:.3f} | {r['peak_vs_offline']:.3f} | {tps} | {fmt(r.get('tflops'), '.3f')}"
-                             + (f" | {fmt(r.get('mfu'), '.1%')}" if mfu else "") + " |")
+                lines.append(
+                    f"| {r['algo']} | {r['config']} | {step} | {r['step_cpu_s']:.3f} | {r['vs_offline']:.3f} "
+                    f"| {r['vs_floor']:.3f} | "
+                    f"{r['peak_gib']:.3f} | {r['peak_vs_offline']:.3f} | {tps} | {fmt(r.get('tflops'), '.3f')}"
+                    + (f" | {fmt(r.get('mfu'), '.1%')}" if mfu else "")
+                    + " |"
+                )
     return "\n".join(lines)
 
 
 def targets(rows):
     """The issue's targets, each with its measured value."""
     out = []
-    get = lambda d, m, a, c: next((r for r in rows if (r["device"], r["model"], r["algo"], r["config"]) == (d, m, a, c)), None)  # noqa: E731
+
+    def get(d, m, a, c):
+        return next((r for r in rows if (r["device"], r["model"], r["algo"], r["config"]) == (d, m, a, c)), None)
+
     for r in rows:
         if r["config"] == "humanline k=1":
-            out.append((f"{r['model']} {r['algo']}: humanline k=1 / offline <= 1.05", r["vs_offline"], r["vs_offline"] <= 1.05))
+            out.append(
+                (f"{r['model']} {r['algo']}: humanline k=1 / offline <= 1.05", r["vs_offline"], r["vs_offline"] <= 1.05)
+            )
     for r in rows:
         if r["config"] == "sync" and r["model"] == "30m":
             out.append((f"30m {r['algo']}: sync / offline step <= 1%", r["vs_offline"], r["vs_offline"] <= 0.01))
@@ -486,7 +688,9 @@ def targets(rows):
         pre = get(r["device"], r["model"], r["algo"], "offline, ref-free")
         if r["config"] in ("humanline k=1", "humanline k=16") and r["model"] == "30m" and pre:
             ratio = r["peak_gib"] / pre["peak_gib"]
-            out.append((f"30m {r['algo']}: peak memory {r['config']} / offline, ref-free <= 1.05", ratio, ratio <= 1.05))
+            out.append(
+                (f"30m {r['algo']}: peak memory {r['config']} / offline, ref-free <= 1.05", ratio, ratio <= 1.05)
+            )
     return "\n".join(f"- {'met' if ok else 'MISSED'}: {name}: {value:.3f}" for name, value, ok in out)
 
 
@@ -495,12 +699,26 @@ def main():
     p.add_argument("--models", default="toy,30m", help="Comma-separated: toy, 30m.")
     p.add_argument("--algos", default="dpo,kto,grpo")
     p.add_argument("--steps", type=int, default=5, help="Optimizer steps per configuration, all timed.")
-    p.add_argument("--repeats", type=int, default=1, help="Timed runs per configuration, interleaved; the fastest run's mean step counts.")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="Timed runs per configuration, interleaved; the fastest run's mean step counts.",
+    )
     p.add_argument("--device", default="auto", help="auto (CPU, and CUDA too when there is a GPU) | cpu | cuda")
-    p.add_argument("--peak_tflops", type=float, default=None, help="Peak dense TFLOP/s of the device for MFU (GPU default: from its name).")
+    p.add_argument(
+        "--peak_tflops",
+        type=float,
+        default=None,
+        help="Peak dense TFLOP/s of the device for MFU (GPU default: from its name).",
+    )
     p.add_argument("--quick", action="store_true", help="Toy model, 3 steps: a smoke test.")
     p.add_argument("--out", default=os.path.join(RESULTS, "bench"), help="Writes OUT.jsonl and OUT.md.")
-    p.add_argument("--trl", action="store_true", help="DPO side by side with TRL's DPOTrainer (pip install trl) on the first of --models.")
+    p.add_argument(
+        "--trl",
+        action="store_true",
+        help="DPO side by side with TRL's DPOTrainer (pip install trl) on the first of --models.",
+    )
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--trl_options", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
@@ -535,16 +753,27 @@ def main():
             peak = opts.peak_tflops if device == "cuda" else None
             run = side_by_side if opts.trl else bench
             rows += run(argparse.Namespace(**{**vars(opts), "peak_tflops": peak}), device, workdir)
-    meta = {"command": command.strip(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "load_before": load, "minutes": (time.time() - start) / 60}
+    meta = {
+        "command": command.strip(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_before": load,
+        "minutes": (time.time() - start) / 60,
+    }
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
     with open(opts.out + ".jsonl", "w") as f:
         for row in rows:
             f.write(json.dumps(row | {"meta": meta}) + "\n")
-    text = (f"`{meta['command']}` ({meta['minutes']:.1f} min; torch {meta['torch']}, {meta['cpus']} CPUs, one thread per "
-            f"process, load average {load:.1f} before the run)\n")
-    text += (side_by_side_table(rows) + "\n\nTargets:\n\n" + side_by_side_targets(rows) + "\n") if opts.trl else (
-        table(rows) + "\n\nTargets:\n\n" + targets(rows) + "\n")
+    text = (
+        f"`{meta['command']}` ({meta['minutes']:.1f} min; torch {meta['torch']}, {meta['cpus']} CPUs, one thread per "
+        f"process, load average {load:.1f} before the run)\n"
+    )
+    text += (
+        (side_by_side_table(rows) + "\n\nTargets:\n\n" + side_by_side_targets(rows) + "\n")
+        if opts.trl
+        else (table(rows) + "\n\nTargets:\n\n" + targets(rows) + "\n")
+    )
     with open(opts.out + ".md", "w") as f:
         f.write(text)
     print(text)

@@ -1,9 +1,9 @@
 """Reproduce the paper's comparisons on the built-in toy task: learning rates chosen per variant, seeds, p-values.
 
     python experiments/run.py                      # every suite, in order (417 runs, ~5 h on 2 CPU cores; resumable)
-    python experiments/run.py --suite sweep        # one suite: sweep | main | instances | offpolicy | ablations | quality
+    python experiments/run.py --suite sweep        # sweep | main | instances | offpolicy | ablations | quality
     python experiments/run.py --report             # only rebuild the tables and plots from finished runs
-    python experiments/run.py --quick              # each code path of every suite, 2 steps (a smoke test, about 2.5 minutes)
+    python experiments/run.py --quick              # each code path of every suite, 2 steps (about 2.5 minutes)
     python experiments/run.py --suite main --only "dpo offline" --new_seed 7   # rerun rows with an unused seed
 
 The order matters: `sweep` trains each of the 12 variants (DPO, KTO, GRPO x offline, offline+humanline, online,
@@ -46,8 +46,14 @@ sys.path.insert(0, ROOT)
 import toy_task  # noqa: E402
 
 # the paper's learning rates (its Table 3) per objective and mode; a humanline variant starts from its mode's rate
-PAPER_LR = {"dpo offline": 5e-6, "dpo online": 2.5e-6, "kto offline": 5e-6, "kto online": 2.5e-6,
-            "grpo offline": 5e-6, "grpo online": 5e-6}
+PAPER_LR = {
+    "dpo offline": 5e-6,
+    "dpo online": 2.5e-6,
+    "kto offline": 5e-6,
+    "kto online": 2.5e-6,
+    "grpo offline": 5e-6,
+    "grpo online": 5e-6,
+}
 MULTIPLES = (0.25, 0.5, 1, 2, 4)  # the sweep, x the paper's rate (humanline variants may need 0.1x-4x, the paper says)
 SHARED_LR = 5e-6  # one rate in every variant's sweep (the scripts' default): the shared-rate table
 SWEEP_SEEDS, SEEDS, FEW_SEEDS = (100, 101, 102), (0, 1, 2, 3, 4), (0, 1, 2)  # the sweep's seeds are used nowhere else
@@ -55,9 +61,17 @@ INSTANCES = (1, 2)  # toy instances built from these seeds (the committed one is
 EQUIVALENCE_MARGIN = 0.01  # held-out reward: two variants "match" when TOST puts their difference within +-0.01
 CURVE = ["--eval_every", "10"]  # test prompts, at step 0 and every 10 steps
 VALIDATION = ["--eval_prompts", "toy:valid", "--eval_every", "0"]  # validation prompts, at the end
-MODES = {"offline": ["--offline"], "offline+humanline": ["--offline", "--humanline"], "online": ["--online"],
-         "online+humanline": ["--online", "--humanline"]}
-CELLS = [(f"{algo} {mode}", f"{algo}_humanline.py", flags) for algo in ("dpo", "kto", "grpo") for mode, flags in MODES.items()]
+MODES = {
+    "offline": ["--offline"],
+    "offline+humanline": ["--offline", "--humanline"],
+    "online": ["--online"],
+    "online+humanline": ["--online", "--humanline"],
+}
+CELLS = [
+    (f"{algo} {mode}", f"{algo}_humanline.py", flags)
+    for algo in ("dpo", "kto", "grpo")
+    for mode, flags in MODES.items()
+]
 
 
 def paper_lr(cell):
@@ -70,16 +84,32 @@ def lr_flags(rate):
 
 def suites(results, chosen):
     """suite -> [(configuration, script, flags, seeds)], the later suites at the `chosen` rate of each variant."""
-    sweep = [(f"{cell} lr {m * paper_lr(cell):g}", script, flags + lr_flags(m * paper_lr(cell)) + VALIDATION, SWEEP_SEEDS)
-             for cell, script, flags in CELLS for m in MULTIPLES]
-    main = [(cell, script, flags + lr_flags(chosen[cell]) + CURVE, SEEDS) for cell, script, flags in CELLS if cell in chosen]
+    sweep = [
+        (f"{cell} lr {m * paper_lr(cell):g}", script, flags + lr_flags(m * paper_lr(cell)) + VALIDATION, SWEEP_SEEDS)
+        for cell, script, flags in CELLS
+        for m in MULTIPLES
+    ]
+    main = [
+        (cell, script, flags + lr_flags(chosen[cell]) + CURVE, SEEDS) for cell, script, flags in CELLS if cell in chosen
+    ]
     instances = []
     for inst in INSTANCES:
         paths = instance_paths(results, inst)
         data = {"--offline": ["--dataset", paths.offline["strong"]], "--online": ["--dataset", paths.prompts_train]}
-        instances += [(f"instance {inst}: {cell}", script, flags + data[flags[0]] + lr_flags(chosen[cell]) + CURVE
-                       + ["--model_name_or_path", paths.model, "--eval_prompts", paths.prompts_test], FEW_SEEDS)
-                      for cell, script, flags in CELLS if cell in chosen and not cell.endswith("online+humanline")]
+        instances += [
+            (
+                f"instance {inst}: {cell}",
+                script,
+                flags
+                + data[flags[0]]
+                + lr_flags(chosen[cell])
+                + CURVE
+                + ["--model_name_or_path", paths.model, "--eval_prompts", paths.prompts_test],
+                FEW_SEEDS,
+            )
+            for cell, script, flags in CELLS
+            if cell in chosen and not cell.endswith("online+humanline")
+        ]
     offpolicy = []
     if "grpo online" in chosen:  # one rate for the whole suite: online GRPO's
         off = ["--online", "--sample_every", "64"] + lr_flags(chosen["grpo online"]) + CURVE
@@ -94,44 +124,101 @@ def suites(results, chosen):
             # syncing changes two terms: the ratio's denominator and the KL baseline (both the reference). Without
             # the KL term (beta 0) only the denominator differs between these two rows
             ("grpo off-policy, beta 0", off + ["--beta", "0"], FEW_SEEDS),
-            ("grpo off-policy+humanline k=16, beta 0", off + ["--humanline", "--sync_every", "16", "--beta", "0"], FEW_SEEDS),
-            # ... and with the PPO clip [1 - eps, 1 + eps] opened wide: is the clip around a stale sampler what holds it back?
-            ("grpo off-policy, beta 0, eps 100", off + ["--beta", "0", "--eps", "100"], FEW_SEEDS)]
+            (
+                "grpo off-policy+humanline k=16, beta 0",
+                off + ["--humanline", "--sync_every", "16", "--beta", "0"],
+                FEW_SEEDS,
+            ),
+            # ... with the PPO clip [1 - eps, 1 + eps] opened wide: does the clip around a stale sampler hold it back?
+            ("grpo off-policy, beta 0, eps 100", off + ["--beta", "0", "--eps", "100"], FEW_SEEDS),
+        ]
         offpolicy = [(name, "grpo_humanline.py", flags, seeds) for name, flags, seeds in offpolicy]
     ablations, quality = [], []
     if "dpo offline+humanline" in chosen:  # one rate for the whole suite: offline+humanline DPO's
         lr = lr_flags(chosen["dpo offline+humanline"]) + CURVE
-        dpo = [("dpo offline", []), ("dpo sync only", ["--sync", "humanline"]), ("dpo clamp only", ["--clip", "clamp"]),
-               ("dpo sync+clamp (humanline)", ["--humanline"]), ("dpo sync+sampling", ["--sync", "humanline", "--clip", "sampling"]),
-               ("dpo trust-region sync+clamp", ["--sync", "trust_region", "--clip", "clamp"])]
+        dpo = [
+            ("dpo offline", []),
+            ("dpo sync only", ["--sync", "humanline"]),
+            ("dpo clamp only", ["--clip", "clamp"]),
+            ("dpo sync+clamp (humanline)", ["--humanline"]),
+            ("dpo sync+sampling", ["--sync", "humanline", "--clip", "sampling"]),
+            ("dpo trust-region sync+clamp", ["--sync", "trust_region", "--clip", "clamp"]),
+        ]
         dpo += [(f"dpo humanline k={k}", ["--humanline", "--sync_every", str(k)]) for k in (2, 4, 8, 16)]
-        dpo += [(f"dpo humanline clip [{lo}, {hi}]", ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)])
-                for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))]  # the paper's Table 6
+        dpo += [
+            (f"dpo humanline clip [{lo}, {hi}]", ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)])
+            for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))
+        ]  # the paper's Table 6
         dpo = [(name, ["--offline"] + flags) for name, flags in dpo]
         # regime probes: with k = 1 a token's log-ratio is one step's change, far inside every Table 6 range, so those
         # rows cannot differ; ranges this tight make the clamp act on a few percent of tokens
-        dpo += [(f"dpo humanline clip [{-eps:g}, {eps:g}] (regime probe)", ["--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)])
-                for eps in (0.01, 0.003)]
+        dpo += [
+            (
+                f"dpo humanline clip [{-eps:g}, {eps:g}] (regime probe)",
+                ["--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)],
+            )
+            for eps in (0.01, 0.003)
+        ]
         # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts
         # keeps ~3200 pairs, so 80 steps of 32: compare with the other rows' step-80 evaluation), without and with
         # humanline. Does the gap to online come from the offline data being another model's, or from its being stale?
-        dpo += [(f"dpo {name}on-policy data sampled once, 80 steps (data probe)", ["--online", "--round_size", "4096", "--max_steps", "80"] + f)
-                for name, f in (("", []), ("humanline, ", ["--humanline"]))]
+        dpo += [
+            (
+                f"dpo {name}on-policy data sampled once, 80 steps (data probe)",
+                ["--online", "--round_size", "4096", "--max_steps", "80"] + f,
+            )
+            for name, f in (("", []), ("humanline, ", ["--humanline"]))
+        ]
         ablations = [(name, "dpo_humanline.py", flags + lr, FEW_SEEDS) for name, flags in dpo]
-        quality = [(f"dpo offline+humanline, quartile {q} of the data", "dpo_humanline.py",
-                    ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"] + lr, FEW_SEEDS) for q in (1, 2, 3, 4)]
-        # the other source: the weak model's 755 pairs (proxy -0.60) against as many of the strong model's (-0.11), one epoch
-        quality += [(f"dpo offline+humanline, the {source} source's data, 23 steps", "dpo_humanline.py",
-                     ["--humanline", "--dataset", f"toy:{source}", "--max_steps", "23"] + lr, FEW_SEEDS) for source in ("weak", "strong")]
-    ablations += [(f"{algo} humanline clip [{-eps:g}, {eps:g}] (regime probe)", f"{algo}_humanline.py",
-                   ["--offline", "--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)]
-                   + lr_flags(chosen[f"{algo} offline+humanline"]) + CURVE, FEW_SEEDS)
-                  for algo in ("kto", "grpo") for eps in (0.01, 0.003) if f"{algo} offline+humanline" in chosen]
-    if "grpo offline+humanline" in chosen:  # what holds plain offline GRPO back, at offline + humanline GRPO's rate: the KL
+        quality = [
+            (
+                f"dpo offline+humanline, quartile {q} of the data",
+                "dpo_humanline.py",
+                ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"] + lr,
+                FEW_SEEDS,
+            )
+            for q in (1, 2, 3, 4)
+        ]
+        # the other source: the weak model's 755 pairs (proxy -0.60) against as many of the strong's (-0.11), one epoch
+        quality += [
+            (
+                f"dpo offline+humanline, the {source} source's data, 23 steps",
+                "dpo_humanline.py",
+                ["--humanline", "--dataset", f"toy:{source}", "--max_steps", "23"] + lr,
+                FEW_SEEDS,
+            )
+            for source in ("weak", "strong")
+        ]
+    ablations += [
+        (
+            f"{algo} humanline clip [{-eps:g}, {eps:g}] (regime probe)",
+            f"{algo}_humanline.py",
+            ["--offline", "--humanline", "--log_eps_P", str(-eps), "--log_eps_R", str(eps)]
+            + lr_flags(chosen[f"{algo} offline+humanline"])
+            + CURVE,
+            FEW_SEEDS,
+        )
+        for algo in ("kto", "grpo")
+        for eps in (0.01, 0.003)
+        if f"{algo} offline+humanline" in chosen
+    ]
+    if (
+        "grpo offline+humanline" in chosen
+    ):  # what holds plain offline GRPO back, at offline + humanline GRPO's rate: the KL
         # term to the starting policy, or the PPO clip around it (which the synced reference resets every step)?
-        ablations += [(f"grpo offline{name} (clip probe)", "grpo_humanline.py", ["--offline"] + flags
-                       + lr_flags(chosen["grpo offline+humanline"]) + CURVE, FEW_SEEDS)
-                      for name, flags in (("", []), (", beta 0", ["--beta", "0"]), (", beta 0, eps 100", ["--beta", "0", "--eps", "100"]))]
+        ablations += [
+            (
+                f"grpo offline{name} (clip probe)",
+                "grpo_humanline.py",
+                ["--offline"] + flags + lr_flags(chosen["grpo offline+humanline"]) + CURVE,
+                FEW_SEEDS,
+            )
+            for name, flags in (
+                ("", []),
+                (", beta 0", ["--beta", "0"]),
+                (", beta 0, eps 100", ["--beta", "0", "--eps", "100"]),
+            )
+        ]
     return dict(sweep=sweep, main=main, instances=instances, offpolicy=offpolicy, ablations=ablations, quality=quality)
 
 
@@ -145,8 +232,19 @@ def instance_config(results, seed):
     return toy_task.ToyConfig(seed=seed, **(TINY if os.path.basename(results) == "quick" else {}))
 
 
-TINY = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, sft_steps=20, strong_steps=5, weak_step=10, n_train_prompts=256, n_test_prompts=32, n_valid_prompts=32,
-            offline_prompts=(("strong", 256), ("weak", 64)))
+TINY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=2,
+    sft_steps=20,
+    strong_steps=5,
+    weak_step=10,
+    n_train_prompts=256,
+    n_test_prompts=32,
+    n_valid_prompts=32,
+    offline_prompts=(("strong", 256), ("weak", 64)),
+)
 
 
 def quartile_file(results, q):
@@ -161,7 +259,7 @@ def make_quartiles(results):
     os.makedirs(os.path.dirname(quartile_file(results, 1)), exist_ok=True)
     ranges = []
     for q in range(4):
-        part = rows[q * len(rows) // 4: (q + 1) * len(rows) // 4]
+        part = rows[q * len(rows) // 4 : (q + 1) * len(rows) // 4]
         with open(quartile_file(results, q + 1), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in part)
         proxy = [(r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2 for r in part]
@@ -169,7 +267,8 @@ def make_quartiles(results):
     return ranges
 
 
-# ---- runs: a folder per run while it runs, one archive per suite once finished ----------------------------------------
+# ---- runs: a folder per run while it runs, one archive per suite once finished ---------------------------------------
+
 
 def slug(name):
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
@@ -194,13 +293,16 @@ def load_runs(results, suite):
         for seed in sorted(os.listdir(os.path.join(live, config))):
             folder = os.path.join(live, config, seed)
             if os.path.exists(os.path.join(folder, "cpu_seconds")):  # the runner writes it last: the run is complete
-                runs[f"{config}/{seed}"] = {n: open(os.path.join(folder, n)).read() for n in os.listdir(folder)
-                                            if os.path.isfile(os.path.join(folder, n)) and n != "log.txt"}
+                runs[f"{config}/{seed}"] = {
+                    n: open(os.path.join(folder, n)).read()
+                    for n in os.listdir(folder)
+                    if os.path.isfile(os.path.join(folder, n)) and n != "log.txt"
+                }
     return runs
 
 
 def pack(results, suite):
-    """Write every finished run of a suite into `<suite>.tar.gz` (byte-stable: sorted, no times) and remove their folders."""
+    """Write every finished run of a suite into `<suite>.tar.gz` (byte-stable: sorted, no times), remove the folders."""
     runs = load_runs(results, suite)
     if not runs:
         return
@@ -227,7 +329,11 @@ def records(run):
 
 
 def finished(run, max_steps):
-    return run is not None and "cpu_seconds" in run and any(r.get("step") == max_steps and "eval/reward" in r for r in records(run))
+    return (
+        run is not None
+        and "cpu_seconds" in run
+        and any(r.get("step") == max_steps and "eval/reward" in r for r in records(run))
+    )
 
 
 def max_steps_of(flags):
@@ -236,7 +342,17 @@ def max_steps_of(flags):
 
 def launch(results, suite, name, script, flags, seed):
     out = os.path.join(results, "runs", suite, run_key(name, seed))
-    cmd = [sys.executable, os.path.join(ROOT, script), *flags, "--seed", str(seed), "--output_dir", out, "--save_every", "0"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, script),
+        *flags,
+        "--seed",
+        str(seed),
+        "--output_dir",
+        out,
+        "--save_every",
+        "0",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -261,7 +377,9 @@ def check_new_seed(results, suite, configs, seed, jobs):
     """Run each finished configuration of a suite once more, with a seed it has not used (in `new_seed/`, apart from the
     suite), and say whether the new run lands in its row's range for a new seed."""
     rows = {r["config"]: r for r in summarize(load_runs(results, suite), configs)}
-    configs = [(name, script, flags, [seed]) for name, script, flags, seeds in configs if name in rows and seed not in seeds]
+    configs = [
+        (name, script, flags, [seed]) for name, script, flags, seeds in configs if name in rows and seed not in seeds
+    ]
     if not configs:
         raise SystemExit(f"{suite}: no finished configuration to compare with that has not already run seed {seed}")
     check = os.path.join(results, "new_seed")
@@ -276,19 +394,30 @@ def check_new_seed(results, suite, configs, seed, jobs):
         row, reward = rows[new["config"]], new["reward"][0]
         lo, hi = row["new_seed"]
         key = f"- {new['config']}: seed {seed}"
-        lines[key] = (f"{key} ends at {reward:.3f}; its {row['seeds']} seeds {fmt(row['reward'])}, a new seed expected in "
-                      f"{lo:.3f}-{hi:.3f}: {'inside' if lo <= reward <= hi else 'OUTSIDE'}")
+        lines[key] = (
+            f"{key} ends at {reward:.3f}; its {row['seeds']} seeds {fmt(row['reward'])}, a new seed expected in "
+            f"{lo:.3f}-{hi:.3f}: {'inside' if lo <= reward <= hi else 'OUTSIDE'}"
+        )
         print(lines[key][2:])
     with open(record, "w") as f:
-        f.write(f"# {suite}: runs with a seed the table did not use (`--new_seed`)\n\n" + "\n".join(sorted(lines.values())) + "\n")
+        f.write(
+            f"# {suite}: runs with a seed the table did not use (`--new_seed`)\n\n"
+            + "\n".join(sorted(lines.values()))
+            + "\n"
+        )
 
 
 def ensure_instances(results, configs):
     for seed in [s for s in INSTANCES if any(name.startswith(f"instance {s}:") for name, *_ in configs)]:
-        print(f"toy instance {seed}: {toy_task.build(os.path.join(results, 'instances'), instance_config(results, seed), verbose=False).root}", flush=True)
+        print(
+            f"toy instance {seed}: "
+            + toy_task.build(os.path.join(results, "instances"), instance_config(results, seed), verbose=False).root,
+            flush=True,
+        )
 
 
-# ---- statistics ---------------------------------------------------------------------------------------------------------
+# ---- statistics ------------------------------------------------------------------------------------------------------
+
 
 def mean_se(values):
     """Mean and standard error over seeds, leaving out seeds without the value (NaN); NaN where no seed has it, and a
@@ -320,13 +449,13 @@ def holm(pvalues):
 
 
 def tost(a, b, margin):
-    """Two one-sided Welch t-tests of |mean(a) - mean(b)| < margin: a small p shows the two equivalent within the margin."""
+    """Two one-sided Welch t-tests of |mean(a) - mean(b)| < margin: a small p shows the two equivalent within it."""
     a, b = np.asarray(a, float), np.asarray(b, float)
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     d = a.mean() - b.mean()
     if va + vb == 0:
         return 0.0 if abs(d) < margin else 1.0
-    se, df = math.sqrt(va + vb), (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    se, df = math.sqrt(va + vb), (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     return float(max(stats.t.sf((d + margin) / se, df), stats.t.cdf((d - margin) / se, df)))
 
 
@@ -334,60 +463,108 @@ def significance(rows, pairs, margin=EQUIVALENCE_MARGIN):
     """For each pair (a, b): the difference of final rewards, a Welch t-test of a difference and a TOST of equivalence
     within +-margin, each Holm-Bonferroni corrected over the pairs, and what they allow one to say at the 5% level."""
     by = {r["config"]: r for r in rows}
-    tests = [dict(a=a, b=b, comparison=f"{a} vs {b}", diff=float(np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"])),
-                  p=float(stats.ttest_ind(by[a]["rewards"], by[b]["rewards"], equal_var=False).pvalue),
-                  p_tost=tost(by[a]["rewards"], by[b]["rewards"], margin))
-             for a, b in pairs if a in by and b in by and by[a]["seeds"] > 1 and by[b]["seeds"] > 1]
+    tests = [
+        dict(
+            a=a,
+            b=b,
+            comparison=f"{a} vs {b}",
+            diff=float(np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"])),
+            p=float(stats.ttest_ind(by[a]["rewards"], by[b]["rewards"], equal_var=False).pvalue),
+            p_tost=tost(by[a]["rewards"], by[b]["rewards"], margin),
+        )
+        for a, b in pairs
+        if a in by and b in by and by[a]["seeds"] > 1 and by[b]["seeds"] > 1
+    ]
     for key in ("p", "p_tost"):
         for t, adjusted in zip(tests, holm([t[key] for t in tests]) if tests else []):
             t[key + "_holm"] = float(adjusted)
     for t in tests:
-        t["verdict"] = ("higher" if t["diff"] > 0 else "lower") if t["p_holm"] < 0.05 else \
-            f"equivalent (within ±{margin:g})" if t["p_tost_holm"] < 0.05 else "not decided"
+        t["verdict"] = (
+            ("higher" if t["diff"] > 0 else "lower")
+            if t["p_holm"] < 0.05
+            else f"equivalent (within ±{margin:g})"
+            if t["p_tost_holm"] < 0.05
+            else "not decided"
+        )
     return tests
 
 
 def comparisons(suite, names=()):
     """The pairs of configurations tested against each other in a suite: (a, b) asks how a differs from b."""
     if suite == "main":
-        return [(f"{algo} {a}", f"{algo} {b}") for algo in ("dpo", "kto", "grpo")
-                for a, b in (("offline+humanline", "offline"), ("offline+humanline", "online"), ("online+humanline", "online"))]
+        return [
+            (f"{algo} {a}", f"{algo} {b}")
+            for algo in ("dpo", "kto", "grpo")
+            for a, b in (
+                ("offline+humanline", "offline"),
+                ("offline+humanline", "online"),
+                ("online+humanline", "online"),
+            )
+        ]
     if suite == "instances":
-        return [(f"{prefix}{algo} {a}", f"{prefix}{algo} {b}") for prefix in sorted({n.split(": ")[0] + ": " for n in names})
-                for algo in ("dpo", "kto", "grpo") for a, b in (("offline+humanline", "offline"), ("offline+humanline", "online"))]
+        return [
+            (f"{prefix}{algo} {a}", f"{prefix}{algo} {b}")
+            for prefix in sorted({n.split(": ")[0] + ": " for n in names})
+            for algo in ("dpo", "kto", "grpo")
+            for a, b in (("offline+humanline", "offline"), ("offline+humanline", "online"))
+        ]
     if suite == "offpolicy":
-        return [("grpo off-policy+humanline k=16", "grpo online (sample every step)"),
-                ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)"),
-                ("grpo off-policy+sync only k=16", "grpo off-policy+humanline k=16"),
-                ("grpo off-policy+clamp only", "grpo off-policy+humanline k=16"),
-                ("grpo off-policy+humanline k=16, beta 0", "grpo off-policy, beta 0"),
-                ("grpo off-policy, beta 0, eps 100", "grpo off-policy, beta 0")]
+        return [
+            ("grpo off-policy+humanline k=16", "grpo online (sample every step)"),
+            ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)"),
+            ("grpo off-policy+sync only k=16", "grpo off-policy+humanline k=16"),
+            ("grpo off-policy+clamp only", "grpo off-policy+humanline k=16"),
+            ("grpo off-policy+humanline k=16, beta 0", "grpo off-policy, beta 0"),
+            ("grpo off-policy, beta 0, eps 100", "grpo off-policy, beta 0"),
+        ]
     if suite == "ablations":
         both = "dpo sync+clamp (humanline)"
-        return [("dpo sync only", both), ("dpo clamp only", both), (both, "dpo offline"),
-                ("dpo sync+sampling", both), ("dpo trust-region sync+clamp", both),
-                ("grpo offline, beta 0 (clip probe)", "grpo offline (clip probe)"),
-                ("grpo offline, beta 0, eps 100 (clip probe)", "grpo offline, beta 0 (clip probe)")]
+        return [
+            ("dpo sync only", both),
+            ("dpo clamp only", both),
+            (both, "dpo offline"),
+            ("dpo sync+sampling", both),
+            ("dpo trust-region sync+clamp", both),
+            ("grpo offline, beta 0 (clip probe)", "grpo offline (clip probe)"),
+            ("grpo offline, beta 0, eps 100 (clip probe)", "grpo offline, beta 0 (clip probe)"),
+        ]
     if suite == "quality":
-        return [("dpo offline+humanline, quartile 4 of the data", "dpo offline+humanline, quartile 1 of the data"),
-                ("dpo offline+humanline, the weak source's data, 23 steps", "dpo offline+humanline, the strong source's data, 23 steps")]
+        return [
+            ("dpo offline+humanline, quartile 4 of the data", "dpo offline+humanline, quartile 1 of the data"),
+            (
+                "dpo offline+humanline, the weak source's data, 23 steps",
+                "dpo offline+humanline, the strong source's data, 23 steps",
+            ),
+        ]
     return []
 
 
-# ---- summaries ----------------------------------------------------------------------------------------------------------
+# ---- summaries -------------------------------------------------------------------------------------------------------
 
-# training diagnostics: metric key in metrics.jsonl -> column name (GRPO logs `logps` and `ratio/abs_log`, DPO/KTO the others)
-DIAGNOSTICS = {"humanline/clamped_frac": "clamped frac", "rewards/margins": "margin", "ratio/abs_log": "mean |log-ratio|",
-               "logps/chosen": "logp chosen", "logps/rejected": "logp rejected", "logps": "logp completions"}
+# training diagnostics: metrics.jsonl key -> column name (GRPO logs `logps` and `ratio/abs_log`, DPO/KTO the others)
+DIAGNOSTICS = {
+    "humanline/clamped_frac": "clamped frac",
+    "rewards/margins": "margin",
+    "ratio/abs_log": "mean |log-ratio|",
+    "logps/chosen": "logp chosen",
+    "logps/rejected": "logp rejected",
+    "logps": "logp completions",
+}
 
 
 # the diagnostics panels beside each reward curve: the first metric of each that a run logs
-PANELS = [("clamped", ["humanline/clamped_frac"]), ("spread", ["rewards/margins", "ratio/abs_log"]),
-          ("chosen", ["logps/chosen", "logps"]), ("rejected", ["logps/rejected"])]
+PANELS = [
+    ("clamped", ["humanline/clamped_frac"]),
+    ("spread", ["rewards/margins", "ratio/abs_log"]),
+    ("chosen", ["logps/chosen", "logps"]),
+    ("rejected", ["logps/rejected"]),
+]
 
 
 def clamps(flags):
-    return "--humanline" in flags or any(flags[i:i + 2] in (["--clip", "clamp"], ["--clip", "sampling"]) for i in range(len(flags)))
+    return "--humanline" in flags or any(
+        flags[i : i + 2] in (["--clip", "clamp"], ["--clip", "sampling"]) for i in range(len(flags))
+    )
 
 
 def regime(flags, clamped_frac):
@@ -411,19 +588,24 @@ def summarize(runs, configs):
             recs = records(run)
             steps = [r for r in recs if "loss" in r]
             evals = [r for r in recs if "eval/reward" in r]
-            per_seed.append(dict(
-                reward=evals[-1]["eval/reward"], accuracy=evals[-1].get("eval/accuracy", math.nan),
-                curve=[(r["step"], r["eval/reward"], r.get("eval/accuracy")) for r in evals],
-                train={k: [(r["step"], r[k]) for r in steps if k in r] for k in DIAGNOSTICS},
-                clamped=np.mean([r.get("humanline/clamped_frac", 0) for r in steps]),
-                margin=np.mean([r.get("rewards/margins", math.nan) for r in steps]),
-                abs_log_ratio=np.mean([r.get("ratio/abs_log", math.nan) for r in steps]),
-                logp_chosen=steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan)),
-                logp_rejected=steps[-1].get("logps/rejected", math.nan),
-                wall=float(run["wall_seconds"]), cpu=float(run["cpu_seconds"]),
-                # the training loop alone: optimizer steps plus online sampling and scoring (no start-up, no evaluation)
-                loop=sum(r.get("perf/step_seconds", 0) + r.get("online/seconds", 0) for r in recs),
-                args=json.loads(run.get("args.json", "{}"))))
+            per_seed.append(
+                dict(
+                    reward=evals[-1]["eval/reward"],
+                    accuracy=evals[-1].get("eval/accuracy", math.nan),
+                    curve=[(r["step"], r["eval/reward"], r.get("eval/accuracy")) for r in evals],
+                    train={k: [(r["step"], r[k]) for r in steps if k in r] for k in DIAGNOSTICS},
+                    clamped=np.mean([r.get("humanline/clamped_frac", 0) for r in steps]),
+                    margin=np.mean([r.get("rewards/margins", math.nan) for r in steps]),
+                    abs_log_ratio=np.mean([r.get("ratio/abs_log", math.nan) for r in steps]),
+                    logp_chosen=steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan)),
+                    logp_rejected=steps[-1].get("logps/rejected", math.nan),
+                    wall=float(run["wall_seconds"]),
+                    cpu=float(run["cpu_seconds"]),
+                    # the training loop alone: optimizer steps, online sampling and scoring (no start-up, no evaluation)
+                    loop=sum(r.get("perf/step_seconds", 0) + r.get("online/seconds", 0) for r in recs),
+                    args=json.loads(run.get("args.json", "{}")),
+                )
+            )
         if not per_seed:
             continue
 
@@ -431,13 +613,34 @@ def summarize(runs, configs):
             return mean_se([s[key] for s in per_seed])
 
         clamped = ms("clamped")
-        rows.append(dict(config=name, script=script, flags=flags, seeds=len(per_seed), reward=ms("reward"), accuracy=ms("accuracy"),
-                         rewards=[s["reward"] for s in per_seed], new_seed=new_seed_range([s["reward"] for s in per_seed]), accuracies=[s["accuracy"] for s in per_seed],
-                         walls=[s["wall"] for s in per_seed], cpus=[s["cpu"] for s in per_seed], loops=[s["loop"] for s in per_seed],
-                         wall=ms("wall"), cpu=ms("cpu"), loop=ms("loop"), clamped_frac=clamped, regime=regime(flags, clamped[0]),
-                         margin=ms("margin"), abs_log_ratio=ms("abs_log_ratio"), logp_chosen=ms("logp_chosen"),
-                         logp_rejected=ms("logp_rejected"), curves=[s["curve"] for s in per_seed],
-                         train=[s["train"] for s in per_seed], args=[s["args"] for s in per_seed]))
+        rows.append(
+            dict(
+                config=name,
+                script=script,
+                flags=flags,
+                seeds=len(per_seed),
+                reward=ms("reward"),
+                accuracy=ms("accuracy"),
+                rewards=[s["reward"] for s in per_seed],
+                new_seed=new_seed_range([s["reward"] for s in per_seed]),
+                accuracies=[s["accuracy"] for s in per_seed],
+                walls=[s["wall"] for s in per_seed],
+                cpus=[s["cpu"] for s in per_seed],
+                loops=[s["loop"] for s in per_seed],
+                wall=ms("wall"),
+                cpu=ms("cpu"),
+                loop=ms("loop"),
+                clamped_frac=clamped,
+                regime=regime(flags, clamped[0]),
+                margin=ms("margin"),
+                abs_log_ratio=ms("abs_log_ratio"),
+                logp_chosen=ms("logp_chosen"),
+                logp_rejected=ms("logp_rejected"),
+                curves=[s["curve"] for s in per_seed],
+                train=[s["train"] for s in per_seed],
+                args=[s["args"] for s in per_seed],
+            )
+        )
     return rows
 
 
@@ -480,16 +683,20 @@ def starting_reward(split="test"):
     return toy_task.accuracy(model, tokenizer, prompts)[1]
 
 
-# ---- tables -------------------------------------------------------------------------------------------------------------
+# ---- tables ----------------------------------------------------------------------------------------------------------
+
 
 def provenance_line(rows):
     runs = [a.get("provenance", {}) for r in rows for a in r["args"]]
     commits = sorted({str(p.get("commit"))[:10] for p in runs})
     dirty = sum(bool(p.get("dirty")) for p in runs)
     versions = {k: sorted({str(p.get(k)) for p in runs}) for k in ("code", "torch", "transformers")}
-    return (f"{len(runs)} runs of code {', '.join(versions['code'])} (commit {', '.join(commits)}"
-            + (f"; {dirty} with uncommitted changes to it" if dirty else "") + f"), torch {', '.join(versions['torch'])}, "
-            f"transformers {', '.join(versions['transformers'])}.")
+    return (
+        f"{len(runs)} runs of code {', '.join(versions['code'])} (commit {', '.join(commits)}"
+        + (f"; {dirty} with uncommitted changes to it" if dirty else "")
+        + f"), torch {', '.join(versions['torch'])}, "
+        f"transformers {', '.join(versions['transformers'])}."
+    )
 
 
 def rate_of(flags):
@@ -498,44 +705,68 @@ def rate_of(flags):
 
 def long_table(rows):
     """Two tables: the held-out results, then time and the humanline diagnostics."""
-    lines = ["Final held-out greedy reward and exact accuracy on the toy test problems (mean ± standard error over seeds); "
-             "`new seed`: where one more seed's reward should land (a 95% prediction interval from these seeds); the "
-             "learning rate; the regime of the humanline diagnostics below (clamp active: >= 1% of tokens outside the "
-             "clamp's range, rare: 0.1-1%, idle: < 0.1%).", "",
-             "| configuration | seeds | reward | new seed | accuracy | lr | regime |", "|---" * 7 + "|"]
+    lines = [
+        "Final held-out greedy reward and exact accuracy on the toy test problems (mean ± standard error over seeds); "
+        "`new seed`: where one more seed's reward should land (a 95% prediction interval from these seeds); the "
+        "learning rate; the regime of the humanline diagnostics below (clamp active: >= 1% of tokens outside the "
+        "clamp's range, rare: 0.1-1%, idle: < 0.1%).",
+        "",
+        "| configuration | seeds | reward | new seed | accuracy | lr | regime |",
+        "|---" * 7 + "|",
+    ]
     for r in rows:
         lo, hi = r["new_seed"]
-        lines.append(f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {'–' if math.isnan(lo) else f'{lo:.3f}-{hi:.3f}'} "
-                     f"| {fmt(r['accuracy'])} | {rate_of(r['flags']):g} | {r['regime']} |")
-    lines += ["", "Wall and CPU time per run (1 CPU thread, two runs at a time) and the wall time of its training loop alone "
-              "(optimizer steps plus online sampling and scoring). Humanline diagnostics: the fraction of tokens whose "
-              "log-ratio to the reference lies outside the clamp's range (clamped by the runs that clamp; for the others, "
-              "what [-1.5, 1.5] would have cut) and the DPO/KTO reward margin (GRPO: the mean |token log-ratio| to the "
-              "reference), both averaged over training; mean token log-probs of chosen and rejected (GRPO: of the trained "
-              "completions) at the last step.", "",
-              "| configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen | logp rejected |",
-              "|---" * 9 + "|"]
+        lines.append(
+            f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {'–' if math.isnan(lo) else f'{lo:.3f}-{hi:.3f}'} "
+            f"| {fmt(r['accuracy'])} | {rate_of(r['flags']):g} | {r['regime']} |"
+        )
+    lines += [
+        "",
+        "Wall and CPU time per run (1 CPU thread, two runs at a time) and the wall time of its training loop alone "
+        "(optimizer steps plus online sampling and scoring). Humanline diagnostics: the fraction of tokens whose "
+        "log-ratio to the reference lies outside the clamp's range (clamped by the runs that clamp; for the others, "
+        "what [-1.5, 1.5] would have cut) and the DPO/KTO reward margin (GRPO: the mean |token log-ratio| to the "
+        "reference), both averaged over training; mean token log-probs of chosen and rejected (GRPO: of the trained "
+        "completions) at the last step.",
+        "",
+        "| configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen "
+        "| logp rejected |",
+        "|---" * 9 + "|",
+    ]
     for r in rows:
-        lines.append(f"| {r['config']} | {fmt(r['wall'], 0)} | {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} | {fmt(r['clamped_frac'], 4)} "
-                     f"| {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} | {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |")
+        lines.append(
+            f"| {r['config']} | {fmt(r['wall'], 0)} | {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} "
+            f"| {fmt(r['clamped_frac'], 4)} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} "
+            f"| {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |"
+        )
     return lines
 
 
 def tests_table(tests, title="the comparisons of this table"):
     if not tests:
         return []
-    return ["", f"Welch t-tests of a difference in final reward and two one-sided tests (TOST) of equivalence within "
-            f"±{EQUIVALENCE_MARGIN:g} reward (the margin fixed before the runs), each Holm-Bonferroni corrected over "
-            f"{title}; the verdict at the 5% level:", "",
-            "| comparison | reward difference | p (Welch) | p (Holm) | p (TOST) | p (TOST, Holm) | verdict |", "|---" * 7 + "|"] + [
+    return [
+        "",
+        f"Welch t-tests of a difference in final reward and two one-sided tests (TOST) of equivalence within "
+        f"±{EQUIVALENCE_MARGIN:g} reward (the margin fixed before the runs), each Holm-Bonferroni corrected over "
+        f"{title}; the verdict at the 5% level:",
+        "",
+        "| comparison | reward difference | p (Welch) | p (Holm) | p (TOST) | p (TOST, Holm) | verdict |",
+        "|---" * 7 + "|",
+    ] + [
         f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} | {t['p_tost']:.3g} "
-        f"| {t['p_tost_holm']:.3g} | {t['verdict']} |" for t in tests]
+        f"| {t['p_tost_holm']:.3g} | {t['verdict']} |"
+        for t in tests
+    ]
 
 
 def time_ratios(rows):
     by = {r["config"]: r for r in rows}
-    pairs = [(f"{algo} {slow}", f"{algo} {fast}") for algo in ("dpo", "kto", "grpo")
-             for slow, fast in (("online", "offline+humanline"), ("offline+humanline", "offline"))]
+    pairs = [
+        (f"{algo} {slow}", f"{algo} {fast}")
+        for algo in ("dpo", "kto", "grpo")
+        for slow, fast in (("online", "offline+humanline"), ("offline+humanline", "offline"))
+    ]
     pairs += [("grpo online (sample every step)", "grpo off-policy+humanline k=16")]
     pairs = [(by[a], by[b]) for a, b in pairs if a in by and b in by]
     if not pairs:
@@ -543,7 +774,8 @@ def time_ratios(rows):
     return ["", "| time ratio (medians over seeds) | wall | CPU | training loop |", "|---|---|---|---|"] + [
         f"| {a['config']} / {b['config']} | {np.median(a['walls']) / np.median(b['walls']):.2f} "
         f"| {np.median(a['cpus']) / np.median(b['cpus']):.2f} | {np.median(a['loops']) / np.median(b['loops']):.2f} |"
-        for a, b in pairs]  # medians: a seed run on a busier machine moves a mean
+        for a, b in pairs
+    ]  # medians: a seed run on a busier machine moves a mean
 
 
 def setup_table(rows):
@@ -556,93 +788,163 @@ def setup_table(rows):
     def value(args, key):  # one value, or all that occur
         return ", ".join(sorted({json.dumps(a.get(key)).strip('"') for a in args}))
 
-    lines = ["| variant | batch | beta | max grad norm | sync | clamp (log bounds) | GRPO PPO eps | online samples | temperature |",
-             "|---" * 9 + "|"]
+    lines = [
+        "| variant | batch | beta | max grad norm | sync | clamp (log bounds) | GRPO PPO eps | online samples "
+        "| temperature |",
+        "|---" * 9 + "|",
+    ]
     for cell, args in runs.items():
         v = lambda key: value(args, key)  # noqa: E731
         online = v("online") == "true"
-        samples = (f"{v('num_generations')} per prompt, every step" if cell.startswith("grpo") else
-                   f"rounds of {v('round_size')} prompts x {v('num_samples')}, best vs worst")
-        lines.append(f"| {cell} | {v('batch_size')} | {v('beta')} | {v('max_grad_norm')} "
-                     f"| {v('sync') + (', every ' + v('sync_every') + ' step(s)' if v('sync') != 'none' else '')} "
-                     f"| {v('clip') + (' [' + v('log_eps_P') + ', ' + v('log_eps_R') + ']' if v('clip') != 'none' else '')} "
-                     f"| {v('eps') if cell.startswith('grpo') else '–'} | {samples if online else '–'} | {v('temperature') if online else '–'} |")
+        samples = (
+            f"{v('num_generations')} per prompt, every step"
+            if cell.startswith("grpo")
+            else f"rounds of {v('round_size')} prompts x {v('num_samples')}, best vs worst"
+        )
+        lines.append(
+            f"| {cell} | {v('batch_size')} | {v('beta')} | {v('max_grad_norm')} "
+            f"| {v('sync') + (', every ' + v('sync_every') + ' step(s)' if v('sync') != 'none' else '')} "
+            f"| {v('clip') + (' [' + v('log_eps_P') + ', ' + v('log_eps_R') + ']' if v('clip') != 'none' else '')} "
+            f"| {v('eps') if cell.startswith('grpo') else '–'} | {samples if online else '–'} "
+            f"| {v('temperature') if online else '–'} |"
+        )
     every = [a for args in runs.values() for a in args]
-    lines += ["", f"All variants: {value(every, 'max_steps')} steps, AdamW (eps {value(every, 'adam_eps')}, weight decay "
-              f"{value(every, 'weight_decay')}), warmup {value(every, 'warmup_ratio')} of the steps, reference-free "
-              f"{value(every, 'ref_free')}, at most {value(every, 'max_new_tokens')} new tokens per sample."]
+    lines += [
+        "",
+        f"All variants: {value(every, 'max_steps')} steps, AdamW (eps {value(every, 'adam_eps')}, weight decay "
+        f"{value(every, 'weight_decay')}), warmup {value(every, 'warmup_ratio')} of the steps, reference-free "
+        f"{value(every, 'ref_free')}, at most {value(every, 'max_new_tokens')} new tokens per sample.",
+    ]
     return lines
 
 
 def sweep_tables(rows, start):
     by = {r["config"]: r for r in rows}
     chosen = {}
-    lines = ["Mean reward on the 256 validation prompts (3 seeds, ± standard error) at each learning rate, as a multiple of "
-             f"the paper's rate for that variant (its Table 3); the chosen rate has the highest mean. The starting policy "
-             f"scores {start:.3f} on these prompts.", "",
-             "| variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen |", "|---" * (len(MULTIPLES) + 3) + "|"]
+    lines = [
+        "Mean reward on the 256 validation prompts (3 seeds, ± standard error) at each learning rate, as a multiple of "
+        f"the paper's rate for that variant (its Table 3); the chosen rate has the highest mean. The starting policy "
+        f"scores {start:.3f} on these prompts.",
+        "",
+        "| variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen |",
+        "|---" * (len(MULTIPLES) + 3) + "|",
+    ]
     for cell, _, _ in CELLS:
         cells = [by.get(f"{cell} lr {m * paper_lr(cell):g}") for m in MULTIPLES]
         done = all(c and c["seeds"] == len(SWEEP_SEEDS) for c in cells)
         if done:
             best = int(np.argmax([c["reward"][0] for c in cells]))
             chosen[cell] = MULTIPLES[best] * paper_lr(cell)
-        lines.append(f"| {cell} | {paper_lr(cell):g} | " + " | ".join(
-            ("**" + fmt(c["reward"]) + "**" if done and i == best else fmt(c["reward"]) + ("" if c["seeds"] == len(SWEEP_SEEDS) else f" (n={c['seeds']})"))
-            if c else "" for i, c in enumerate(cells)) + (f" | {chosen[cell]:g} |" if done else " | not yet |"))
-    lines += ["", f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
-              "variant's chosen rate (validation reward):", "", "| variant | at the shared rate | at its chosen rate |", "|---|---|---|"]
+        lines.append(
+            f"| {cell} | {paper_lr(cell):g} | "
+            + " | ".join(
+                (
+                    "**" + fmt(c["reward"]) + "**"
+                    if done and i == best
+                    else fmt(c["reward"]) + ("" if c["seeds"] == len(SWEEP_SEEDS) else f" (n={c['seeds']})")
+                )
+                if c
+                else ""
+                for i, c in enumerate(cells)
+            )
+            + (f" | {chosen[cell]:g} |" if done else " | not yet |")
+        )
+    lines += [
+        "",
+        f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
+        "variant's chosen rate (validation reward):",
+        "",
+        "| variant | at the shared rate | at its chosen rate |",
+        "|---|---|---|",
+    ]
     for cell, _, _ in CELLS:
         shared = by.get(f"{cell} lr {SHARED_LR:g}")
         best = by.get(f"{cell} lr {chosen[cell]:g}") if cell in chosen else None
-        lines.append(f"| {cell} | {fmt(shared['reward']) if shared else ''} | {fmt(best['reward']) + f' ({chosen[cell]:g})' if best else ''} |")
-    lines += ["", "The mechanism, offline: at each rate the validation reward, the DPO/KTO reward margin (GRPO: mean |token "
-              "log-ratio| to the reference) and the fraction of tokens outside [-1.5, 1.5], both averaged over training:", "",
-              "| variant | lr | reward | margin | mean abs log-ratio | clamped frac |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {cell} | {fmt(shared['reward']) if shared else ''} "
+            f"| {fmt(best['reward']) + f' ({chosen[cell]:g})' if best else ''} |"
+        )
+    lines += [
+        "",
+        "The mechanism, offline: at each rate the validation reward, the DPO/KTO reward margin (GRPO: mean |token "
+        "log-ratio| to the reference) and the fraction of tokens outside [-1.5, 1.5], both averaged over training:",
+        "",
+        "| variant | lr | reward | margin | mean abs log-ratio | clamped frac |",
+        "|---|---|---|---|---|---|",
+    ]
     for cell, _, _ in CELLS:
         if "offline" in cell:
             for m in MULTIPLES:
                 r = by.get(f"{cell} lr {m * paper_lr(cell):g}")
                 if r:
-                    lines.append(f"| {cell} | {m * paper_lr(cell):g} | {fmt(r['reward'])} | {fmt(r['margin'])} "
-                                 f"| {fmt(r['abs_log_ratio'], 4)} | {fmt(r['clamped_frac'], 4)} |")
+                    lines.append(
+                        f"| {cell} | {m * paper_lr(cell):g} | {fmt(r['reward'])} | {fmt(r['margin'])} "
+                        f"| {fmt(r['abs_log_ratio'], 4)} | {fmt(r['clamped_frac'], 4)} |"
+                    )
     return lines
 
 
 def evidence(test):
-    """The Holm-corrected p-value behind a verdict: Welch's for a difference, the TOST's for equivalence, both otherwise."""
+    """The Holm-corrected p-value behind a verdict: Welch's for a difference, the TOST's for equivalence, else both."""
     if test["verdict"] in ("higher", "lower"):
         return f"p {test['p_holm']:.2g}"
-    return f"TOST p {test['p_tost_holm']:.2g}" if test["verdict"].startswith("equivalent") else \
-        f"p {test['p_holm']:.2g}, TOST p {test['p_tost_holm']:.2g}"
+    return (
+        f"TOST p {test['p_tost_holm']:.2g}"
+        if test["verdict"].startswith("equivalent")
+        else f"p {test['p_holm']:.2g}, TOST p {test['p_tost_holm']:.2g}"
+    )
 
 
 def instance_tables(rows, main_rows):
     """The main comparisons on each toy instance: instance 0 is the committed one (the main suite's runs)."""
-    rows = [dict(r, config=f"instance 0: {r['config']}") for r in main_rows if not r["config"].endswith("online+humanline")] + rows
+    rows = [
+        dict(r, config=f"instance 0: {r['config']}") for r in main_rows if not r["config"].endswith("online+humanline")
+    ] + rows
     by = {r["config"]: r for r in rows}
     names = sorted({r["config"].split(": ")[0] for r in rows})
     cells = list(dict.fromkeys(r["config"].split(": ")[1] for r in rows))
-    lines = ["Final test reward (mean ± standard error over seeds; instance 0: the main suite's 5 seeds, others 3) on each "
-             "toy instance, at the variant's learning rate chosen on instance 0:", "",
-             "| variant | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    lines += [f"| {c} | " + " | ".join(fmt(by[f'{n}: {c}']['reward']) if f"{n}: {c}" in by else "" for n in names) + " |" for c in cells]
+    lines = [
+        "Final test reward (mean ± standard error over seeds; instance 0: the main suite's 5 seeds, others 3) on each "
+        "toy instance, at the variant's learning rate chosen on instance 0:",
+        "",
+        "| variant | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
+    lines += [
+        f"| {c} | " + " | ".join(fmt(by[f"{n}: {c}"]["reward"]) if f"{n}: {c}" in by else "" for n in names) + " |"
+        for c in cells
+    ]
     # the starting policy: the runs' own evaluation at step 0, so that no instance needs building for the report
-    start = {n: [v for r in rows if r["config"].startswith(n + ":") for c in r["curves"] for s, v, _ in c if s == 0] for n in names}
-    lines.append("| starting policy | " + " | ".join(f"{np.mean(start[n]):.3f}" if start[n] else "" for n in names) + " |")
+    start = {
+        n: [v for r in rows if r["config"].startswith(n + ":") for c in r["curves"] for s, v, _ in c if s == 0]
+        for n in names
+    }
+    lines.append(
+        "| starting policy | " + " | ".join(f"{np.mean(start[n]):.3f}" if start[n] else "" for n in names) + " |"
+    )
     verdicts = {}
     for n in names:  # Holm over each instance's comparisons
-        for t in significance(rows, [p for p in comparisons("instances", [r["config"] for r in rows]) if p[0].startswith(n + ":")]):
+        for t in significance(
+            rows, [p for p in comparisons("instances", [r["config"] for r in rows]) if p[0].startswith(n + ":")]
+        ):
             verdicts[(n, t["comparison"].split(": ", 1)[1].replace(f" vs {n}: ", " vs "))] = t
     pairs = list(dict.fromkeys(k[1] for k in verdicts))
-    lines += ["", "Each comparison on each instance (difference, verdict of Welch and TOST at 5%, Holm over the instance's "
-              "comparisons, and the p-values behind it) and whether the verdict is the same on all of them:", "",
-              "| comparison | " + " | ".join(names) + " | same on all |", "|---" * (len(names) + 2) + "|"]
+    lines += [
+        "",
+        "Each comparison on each instance (difference, verdict of Welch and TOST at 5%, Holm over the instance's "
+        "comparisons, and the p-values behind it) and whether the verdict is the same on all of them:",
+        "",
+        "| comparison | " + " | ".join(names) + " | same on all |",
+        "|---" * (len(names) + 2) + "|",
+    ]
     for p in pairs:
         ts = [verdicts.get((n, p)) for n in names]
         same = all(ts) and len({t["verdict"] for t in ts}) == 1
-        lines.append(f"| {p} | " + " | ".join(f"{t['diff']:+.3f} ({t['verdict']}, {evidence(t)})" if t else "" for t in ts)
-                     + f" | {'yes' if same else 'no' if all(ts) else 'incomplete'} |")
+        lines.append(
+            f"| {p} | "
+            + " | ".join(f"{t['diff']:+.3f} ({t['verdict']}, {evidence(t)})" if t else "" for t in ts)
+            + f" | {'yes' if same else 'no' if all(ts) else 'incomplete'} |"
+        )
     return lines, rows
 
 
@@ -655,12 +957,16 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
         return rows
     versions = code_versions(rows + (list(main_rows) if suite == "instances" else []))
     if len(versions) > 1 and not mix_code:
-        raise SystemExit(f"{suite}: its runs ran {len(versions)} versions of the code ({', '.join(versions)}); rerun the old "
-                         f"ones (remove them from {suite}.tar.gz) or pass --mix_code")
+        raise SystemExit(
+            f"{suite}: its runs ran {len(versions)} versions of the code ({', '.join(versions)}); rerun the old "
+            f"ones (remove them from {suite}.tar.gz) or pass --mix_code"
+        )
     start = starting_reward()
     with open(os.path.join(results, f"{suite}.jsonl"), "w") as f:
         for r in rows:
-            r = dict(r, flags=[x.replace(results + os.sep, "<results>/") for x in r["flags"]])  # the same on every machine
+            r = dict(
+                r, flags=[x.replace(results + os.sep, "<results>/") for x in r["flags"]]
+            )  # the same on every machine
             f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args")}) + "\n")
     lines = [f"# {suite}", "", provenance_line(rows), "", *([extra, ""] if extra else [])]
     if suite == "sweep":
@@ -676,12 +982,20 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
         with open(os.path.join(results, "setup.md"), "w") as f:
             f.write("\n".join(setup_table(rows)) + "\n")
     if suite == "ablations":  # the data probe trains for 80 steps: every row (and the main DPO rows) at step 80
-        lines += ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", "",
-                  "| configuration | seeds | reward at step 80 |", "|---|---|---|"]
+        lines += [
+            "",
+            "Held-out reward at step 80 (the data probe's last step), mean ± standard error:",
+            "",
+            "| configuration | seeds | reward at step 80 |",
+            "|---|---|---|",
+        ]
         for r in [r for r in list(main_rows) if r["config"].startswith("dpo")] + rows:
             at = [v for c in r["curves"] for s, v, _ in c if s == 80]
             if at:
-                lines.append(f"| {r['config']}{' (main, its own rate)' if r in main_rows else ''} | {len(at)} | {fmt(mean_se(at))} |")
+                lines.append(
+                    f"| {r['config']}{' (main, its own rate)' if r in main_rows else ''} | {len(at)} "
+                    f"| {fmt(mean_se(at))} |"
+                )
     with open(os.path.join(results, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -689,8 +1003,8 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
     return rows
 
 
+# ---- plots -----------------------------------------------------------------------------------------------------------
 
-# ---- plots --------------------------------------------------------------------------------------------------------------
 
 def mean_curve(series):
     """Mean and standard error over seeds of per-step (step, value) series; seeds of unequal length are left out."""
@@ -725,16 +1039,29 @@ def plot(results, suite, rows, start=None):
         fig, axes = plt.subplots(len(algos), 3, figsize=(13, 3.4 * len(algos)), squeeze=False)
         ticks = {}
         for row_axes, algo in zip(axes, algos):
-            spread = ("margin", "mean margin") if algo != "grpo" else ("abs_log_ratio", "mean |log-ratio| to the reference")
+            spread = (
+                ("margin", "mean margin") if algo != "grpo" else ("abs_log_ratio", "mean |log-ratio| to the reference")
+            )
             for cell in (f"{algo} offline", f"{algo} offline+humanline", f"{algo} online", f"{algo} online+humanline"):
                 members = [r for r in rows if r["config"].rsplit(" lr ", 1)[0] == cell]
                 if not members:
                     continue
                 x = [rate_of(r["flags"]) for r in members]
-                panels = zip(row_axes, ("reward", spread[0], "clamped_frac"), ("validation reward", spread[1], "clamped fraction"))
+                panels = zip(
+                    row_axes,
+                    ("reward", spread[0], "clamped_frac"),
+                    ("validation reward", spread[1], "clamped fraction"),
+                )
                 for ax, key, label in panels if "offline" in cell else list(panels)[:1]:
-                    ax.errorbar(x, [r[key][0] for r in members], yerr=[0 if math.isnan(r[key][1]) else r[key][1] for r in members],
-                                marker="o", capsize=3, label=cell, ls="-" if "offline" in cell else ":")
+                    ax.errorbar(
+                        x,
+                        [r[key][0] for r in members],
+                        yerr=[0 if math.isnan(r[key][1]) else r[key][1] for r in members],
+                        marker="o",
+                        capsize=3,
+                        label=cell,
+                        ls="-" if "offline" in cell else ":",
+                    )
                     ax.set_xscale("log")
                     ax.set_title(f"{algo}: {label}", fontsize=9)
                     ax.set_xlabel("learning rate", fontsize=8)
@@ -743,22 +1070,36 @@ def plot(results, suite, rows, start=None):
         for ax, x in ticks.items():
             ax.set_xticks(sorted(x), [f"{v:.3g}" for v in sorted(x)], fontsize=7)
             ax.minorticks_off()
-        fig.suptitle("offline vs offline+humanline against the learning rate (3 seeds each; margin, |log-ratio| and clamped "
-                     "fraction averaged over training; online dotted, for reference)", fontsize=10)
+        fig.suptitle(
+            "offline vs offline+humanline against the learning rate (3 seeds each; margin, |log-ratio| and clamped "
+            "fraction averaged over training; online dotted, for reference)",
+            fontsize=10,
+        )
     elif suite in ("main", "instances", "offpolicy"):
         groups = {}
         for r in rows:
-            key = {"main": r["config"].split()[0], "offpolicy": "off-policy GRPO"}.get(suite) or \
-                r["config"].split(": ")[0] + ": " + r["config"].split(": ")[1].split()[0]
+            key = {"main": r["config"].split()[0], "offpolicy": "off-policy GRPO"}.get(suite) or r["config"].split(
+                ": "
+            )[0] + ": " + r["config"].split(": ")[1].split()[0]
             groups.setdefault(key, []).append(r)
-        fig, axes = plt.subplots(len(groups), 1 + len(PANELS), figsize=(3.8 * (1 + len(PANELS)), 3.0 * max(len(groups), 1.3)),
-                                 squeeze=False, sharex=True)
+        fig, axes = plt.subplots(
+            len(groups),
+            1 + len(PANELS),
+            figsize=(3.8 * (1 + len(PANELS)), 3.0 * max(len(groups), 1.3)),
+            squeeze=False,
+            sharex=True,
+        )
         for row_axes, (group, members) in zip(axes, groups.items()):
             # each panel shows the first of its metrics that this group logs (DPO/KTO a margin, GRPO a |log-ratio|)
-            keys = [next((k for k in options if any(t[k] for r in members for t in r["train"])), None) for _, options in PANELS]
+            keys = [
+                next((k for k in options if any(t[k] for r in members for t in r["train"])), None)
+                for _, options in PANELS
+            ]
             for r in members:
                 steps, mean, se = mean_curve([[(s, v) for s, v, _ in c] for c in r["curves"]])
-                line, = row_axes[0].plot(steps, mean, marker="o", ms=2.5, label=f"{r['config'].split(': ')[-1]} (n={r['seeds']})")
+                (line,) = row_axes[0].plot(
+                    steps, mean, marker="o", ms=2.5, label=f"{r['config'].split(': ')[-1]} (n={r['seeds']})"
+                )
                 row_axes[0].fill_between(steps, mean - se, mean + se, alpha=0.2, color=line.get_color())
                 for ax, key in zip(row_axes[1:], keys):
                     series = [t[key] for t in r["train"] if key and t[key]]
@@ -769,20 +1110,32 @@ def plot(results, suite, rows, start=None):
                 row_axes[0].axhline(start, color="gray", ls="--", lw=1, label="starting policy")
             row_axes[0].set_title(f"{group}: held-out reward", fontsize=9)
             if len(members) > 5:  # too many lines for the reward panel: the legend goes in (or beside) the last panel
-                row_axes[-1].legend(*row_axes[0].get_legend_handles_labels(), fontsize=7, loc="center left",
-                                    bbox_to_anchor=(0, 0.5) if keys[-1] is None else (1.02, 0.5))
+                row_axes[-1].legend(
+                    *row_axes[0].get_legend_handles_labels(),
+                    fontsize=7,
+                    loc="center left",
+                    bbox_to_anchor=(0, 0.5) if keys[-1] is None else (1.02, 0.5),
+                )
             else:
                 row_axes[0].legend(fontsize=6)
             for ax, key in zip(row_axes[1:], keys):
                 ax.set_title(f"{group}: {DIAGNOSTICS[key]}", fontsize=9) if key else ax.axis("off")
         for ax in axes[-1]:
             ax.set_xlabel("optimizer step", fontsize=8)
-        fig.suptitle("held-out reward (mean ± s.e. over seeds) and training diagnostics (mean over seeds, running mean of 9 "
-                     "steps) on one step axis", fontsize=10)
+        fig.suptitle(
+            "held-out reward (mean ± s.e. over seeds) and training diagnostics (mean over seeds, running mean of 9 "
+            "steps) on one step axis",
+            fontsize=10,
+        )
     else:
         fig, ax = plt.subplots(figsize=(10, 0.38 * len(rows) + 1.2))
-        ax.barh(range(len(rows)), [r["reward"][0] for r in rows],
-                xerr=[0 if math.isnan(r["reward"][1]) else r["reward"][1] for r in rows], color="tab:blue", alpha=0.7)
+        ax.barh(
+            range(len(rows)),
+            [r["reward"][0] for r in rows],
+            xerr=[0 if math.isnan(r["reward"][1]) else r["reward"][1] for r in rows],
+            color="tab:blue",
+            alpha=0.7,
+        )
         ax.set_yticks(range(len(rows)), [f"{r['config']} (n={r['seeds']})" for r in rows], fontsize=7)
         ax.invert_yaxis()
         lo = min([r["reward"][0] for r in rows] + ([start] if start is not None else []))
@@ -797,22 +1150,42 @@ def plot(results, suite, rows, start=None):
     plt.close(fig)
 
 
-# ---- the runner ---------------------------------------------------------------------------------------------------------
+# ---- the runner ------------------------------------------------------------------------------------------------------
+
 
 def quick_suites(results):
     """--quick: for 2 steps on a tiny batch, one run of each configuration that takes another code path (`shape`), and
     at least one in each suite, so that every table is made. Rates are the paper's."""
-    quick = ["--max_steps", "2", "--batch_size", "4", "--micro_batch_size", "4", "--num_eval_prompts", "8", "--eval_every", "0"]
+    quick = [
+        "--max_steps",
+        "2",
+        "--batch_size",
+        "4",
+        "--micro_batch_size",
+        "4",
+        "--num_eval_prompts",
+        "8",
+        "--eval_every",
+        "0",
+    ]
     full, seen = suites(results, {cell: paper_lr(cell) for cell, _, _ in CELLS}), set()
     out = {}
-    for suite in ("main", "sweep", "instances", "offpolicy", "ablations", "quality"):  # main first: the sweep adds no new path
+    for suite in (
+        "main",
+        "sweep",
+        "instances",
+        "offpolicy",
+        "ablations",
+        "quality",
+    ):  # main first: the sweep adds no new path
         out[suite] = []
         for name, script, flags, seeds in full[suite]:
             if shape(script, flags) not in seen or not out[suite]:
                 seen.add(shape(script, flags))
                 grpo, rounds = script.startswith("grpo"), "--online" in flags and "--sample_every" not in flags
-                small = (["--num_generations", "4"] if grpo else []) + (["--round_size", "8"] if rounds and (
-                    not grpo or "--pairs_from_samples" in flags) else [])  # online rounds: 8 prompts
+                small = (["--num_generations", "4"] if grpo else []) + (
+                    ["--round_size", "8"] if rounds and (not grpo or "--pairs_from_samples" in flags) else []
+                )  # online rounds: 8 prompts
                 out[suite].append((name, script, strip(flags, "--max_steps") + quick + small, seeds[:1]))
     return {suite: out[suite] for suite in full}
 
@@ -821,20 +1194,27 @@ DATA_FLAGS = ("--model_name_or_path", "--dataset", "--eval_prompts")  # which fi
 
 
 def shape(script, flags):
-    """What decides a run's code path: the script, its flags and their values, except numbers and which files it reads."""
+    """What decides a run's code path: the script, its flags and their values, but not numbers or the files it reads."""
+
     def kind(value):
         try:
             return float(value) is not None and "number"
         except ValueError:
             return value
-    return script, tuple(sorted((f, kind(v) if not v.startswith("--") else None)
-                                for f, v in zip(flags, flags[1:] + ["--"]) if f.startswith("--") and f not in DATA_FLAGS))
+
+    return script, tuple(
+        sorted(
+            (f, kind(v) if not v.startswith("--") else None)
+            for f, v in zip(flags, flags[1:] + ["--"])
+            if f.startswith("--") and f not in DATA_FLAGS
+        )
+    )
 
 
 def strip(flags, name):
     if name in flags:
         i = flags.index(name)
-        return flags[:i] + flags[i + 2:]
+        return flags[:i] + flags[i + 2 :]
     return flags
 
 
@@ -846,9 +1226,15 @@ def main():
     parser.add_argument("--quick", action="store_true", help="each code path of every suite once, 2 steps")
     parser.add_argument("--report", action="store_true", help="only summarise finished runs")
     parser.add_argument("--only", default="", help="only configurations whose name contains this text")
-    parser.add_argument("--mix_code", action="store_true", help="allow a table to hold runs of different versions of the code")
-    parser.add_argument("--new_seed", type=int, help="with --suite: rerun its finished configurations (those --only picks) "
-                        "with this seed, apart from the suite, and say whether each lands in its row's range for a new seed")
+    parser.add_argument(
+        "--mix_code", action="store_true", help="allow a table to hold runs of different versions of the code"
+    )
+    parser.add_argument(
+        "--new_seed",
+        type=int,
+        help="with --suite: rerun its finished configurations (those --only picks) "
+        "with this seed, apart from the suite, and say whether each lands in its row's range for a new seed",
+    )
     parser.add_argument("--results", default=RESULTS, help="results directory (--quick: a `quick` folder in it)")
     args = parser.parse_args()
     results = os.path.join(args.results, "quick") if args.quick else args.results
@@ -868,10 +1254,22 @@ def main():
             if suite == "instances" and configs:
                 ensure_instances(results, configs)
             runs = load_runs(results, suite)
-            jobs = [(name, script, flags, seed) for name, script, flags, seeds in configs if args.only in name
-                    for seed in seeds if not finished(runs.get(run_key(name, seed)), max_steps_of(flags))]
-            print(f"{suite}: {len(jobs)} runs to do" + ("" if args.quick or len(chosen) == len(CELLS) else
-                  f" ({len(CELLS) - len(chosen)} variants have no chosen learning rate yet)"), flush=True)
+            jobs = [
+                (name, script, flags, seed)
+                for name, script, flags, seeds in configs
+                if args.only in name
+                for seed in seeds
+                if not finished(runs.get(run_key(name, seed)), max_steps_of(flags))
+            ]
+            print(
+                f"{suite}: {len(jobs)} runs to do"
+                + (
+                    ""
+                    if args.quick or len(chosen) == len(CELLS)
+                    else f" ({len(CELLS) - len(chosen)} variants have no chosen learning rate yet)"
+                ),
+                flush=True,
+            )
             with ThreadPoolExecutor(args.jobs) as pool:
                 for i, _ in enumerate(pool.map(lambda j: launch(results, suite, *j), jobs)):
                     print(f"  {suite}: {i + 1}/{len(jobs)} done", flush=True)
@@ -884,11 +1282,17 @@ def main():
     for suite in names if args.suite == "all" else [args.suite]:
         extra = ""
         if suite == "quality" and all_configs["quality"]:
-            extra = "Data-quality proxy ranges (mean token log-prob under the starting policy), quartiles 1-4: " + ", ".join(
-                f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in make_quartiles(results))
+            extra = (
+                "Data-quality proxy ranges (mean token log-prob under the starting policy), quartiles 1-4: "
+                + ", ".join(f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in make_quartiles(results))
+            )
         if suite in ("main", "instances", "offpolicy", "ablations", "quality") and not args.quick:
-            extra = (extra + "\n\n" if extra else "") + "Learning rates chosen on the validation prompts (the sweep): " + (
-                ", ".join(f"{c} {r:g}" for c, r in chosen.items()) or "none yet") + "."
+            extra = (
+                (extra + "\n\n" if extra else "")
+                + "Learning rates chosen on the validation prompts (the sweep): "
+                + (", ".join(f"{c} {r:g}" for c, r in chosen.items()) or "none yet")
+                + "."
+            )
         report(results, suite, all_configs[suite], main_rows, args.mix_code, extra)
 
 

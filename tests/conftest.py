@@ -31,7 +31,9 @@ def make_session(module, out, policy, ref, opt, sched, tok, resume=False, step=0
     """A script's run bookkeeping (Session: checkpoints, resume) on one process, for models built in a test."""
     args = module.Args(output_dir=str(out), resume=resume)
     rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), distributed=False)
-    state = SimpleNamespace(step=step, round_index=0, round=[], round_start=0, ref_ahead={}, ref_weights=None, bad_steps=0)
+    state = SimpleNamespace(
+        step=step, round_index=0, round=[], round_start=0, ref_ahead={}, ref_weights=None, bad_steps=0
+    )
     handler = signal.getsignal(signal.SIGTERM)
     try:
         return module.Session(args, rt, tok, policy, ref, opt, sched, torch.Generator(), state)

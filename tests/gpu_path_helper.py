@@ -9,7 +9,6 @@ Both use the training scripts' own functions (dpo_humanline.py: load_model, toke
 
 import json
 import os
-import resource
 import sys
 from types import SimpleNamespace
 
@@ -63,8 +62,16 @@ def fsdp(model_dir, out):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    args = dpo.Args(model_name_or_path=model_dir, max_steps=120, batch_size=4, micro_batch_size=1, precision="fp32",
-                    max_new_tokens=4, temperature=1.0, top_p=1.0)
+    args = dpo.Args(
+        model_name_or_path=model_dir,
+        max_steps=120,
+        batch_size=4,
+        micro_batch_size=1,
+        precision="fp32",
+        max_new_tokens=4,
+        temperature=1.0,
+        top_p=1.0,
+    )
     rt = dpo.setup(args)
     import torch.distributed as dist
 
@@ -125,16 +132,27 @@ def fsdp(model_dir, out):
 
     # the bf16 path (FSDP2 mixed precision): what humanline reads stays fp32
     args.precision = "bf16"
-    rt = SimpleNamespace(**{**vars(rt), "dtype": torch.bfloat16, "head_dtype": torch.float32,
-                            "autocast": torch.autocast("cpu", dtype=torch.bfloat16)})
+    rt = SimpleNamespace(
+        **{
+            **vars(rt),
+            "dtype": torch.bfloat16,
+            "head_dtype": torch.float32,
+            "autocast": torch.autocast("cpu", dtype=torch.bfloat16),
+        }
+    )
     policy16 = dpo.load_model(args, None, rt)
     optimizer, scheduler = dpo.make_optimizer(policy16, args)
     logps, ref_logps, losses, grads = train_step(policy16, optimizer, scheduler, pairs, args, rt)
-    result["bf16_dtypes"] = {"logps": str(logps.dtype), "ref_logps": str(ref_logps.dtype), "loss": str(losses.dtype),
-                             "params": sorted({str(p.dtype) for p in policy16.parameters()}),
-                             "grads": grads,
-                             "adam": sorted({str(v.dtype) for s in optimizer.state.values() for v in s.values()
-                                             if torch.is_tensor(v) and v.numel() > 1})}
+    result["bf16_dtypes"] = {
+        "logps": str(logps.dtype),
+        "ref_logps": str(ref_logps.dtype),
+        "loss": str(losses.dtype),
+        "params": sorted({str(p.dtype) for p in policy16.parameters()}),
+        "grads": grads,
+        "adam": sorted(
+            {str(v.dtype) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1}
+        ),
+    }
     with open(f"{out}.rank{rt.rank}", "w") as f:
         json.dump(result, f)
     dist.barrier()
@@ -151,11 +169,23 @@ def peak(shape_json, out):
     torch.manual_seed(0)
     config = LlamaConfig(**shape["config"])
     flags = shape["flags"]
-    args = dpo.Args(max_steps=120, batch_size=flags["batch_size"], micro_batch_size=flags["micro_batch_size"],
-                    max_length=flags["max_length"], gradient_checkpointing=flags["gradient_checkpointing"],
-                    precision=flags["precision"], eval_prompts="none")
-    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), dtype=torch.float32, head_dtype=torch.float32,
-                         autocast=torch.autocast("cpu", dtype=torch.bfloat16, enabled=flags["precision"] == "bf16"))
+    args = dpo.Args(
+        max_steps=120,
+        batch_size=flags["batch_size"],
+        micro_batch_size=flags["micro_batch_size"],
+        max_length=flags["max_length"],
+        gradient_checkpointing=flags["gradient_checkpointing"],
+        precision=flags["precision"],
+        eval_prompts="none",
+    )
+    rt = SimpleNamespace(
+        rank=0,
+        world=1,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        head_dtype=torch.float32,
+        autocast=torch.autocast("cpu", dtype=torch.bfloat16, enabled=flags["precision"] == "bf16"),
+    )
     pairs = batch(config.vocab_size, flags["batch_size"], 16, flags["max_length"] - 16)
     reset_peak()
     before, _ = rss()

@@ -13,21 +13,42 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-FEW = ["--max_steps", "3", "--batch_size", "8", "--eval_every", "3", "--num_eval_prompts", "16", "--save_every", "0",
-       "--precision", "bf16"]
-RUNS = {"dpo offline + humanline": ("dpo_humanline.py", ["--humanline"]),
-        "dpo online + humanline": ("dpo_humanline.py", ["--online", "--humanline", "--round_size", "32"]),
-        "kto offline + humanline": ("kto_humanline.py", ["--humanline"]),
-        "grpo offline + humanline": ("grpo_humanline.py", ["--humanline", "--gradient_checkpointing"]),
-        "grpo online, off-policy + humanline": ("grpo_humanline.py",
-                                                ["--online", "--humanline", "--sample_every", "2"])}
+FEW = [
+    "--max_steps",
+    "3",
+    "--batch_size",
+    "8",
+    "--eval_every",
+    "3",
+    "--num_eval_prompts",
+    "16",
+    "--save_every",
+    "0",
+    "--precision",
+    "bf16",
+]
+RUNS = {
+    "dpo offline + humanline": ("dpo_humanline.py", ["--humanline"]),
+    "dpo online + humanline": ("dpo_humanline.py", ["--online", "--humanline", "--round_size", "32"]),
+    "kto offline + humanline": ("kto_humanline.py", ["--humanline"]),
+    "grpo offline + humanline": ("grpo_humanline.py", ["--humanline", "--gradient_checkpointing"]),
+    "grpo online, off-policy + humanline": ("grpo_humanline.py", ["--online", "--humanline", "--sample_every", "2"]),
+}
 
 
 def run(script, flags, out, nproc=1):
-    launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                    "--nproc_per_node", str(nproc)]
-    proc = subprocess.run([*launcher, script, *FEW, *flags, "--output_dir", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1800)
+    launcher = (
+        [sys.executable]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    )
+    proc = subprocess.run(
+        [*launcher, script, *FEW, *flags, "--output_dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_session
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import dpo_humanline
 import grpo_humanline
 import kto_humanline
-from conftest import make_session
 from dpo_humanline import Args, collate, dpo_loss, encode_rows, optimizer_step, sync_reference, token_logps
 
 
@@ -36,8 +36,10 @@ def as_text(value, row, column, tok, prompt=None):
 
 def best_worst_pairs(prompts, completions, scores, n, threshold):
     """Algorithm 1's pairing of n samples per prompt, as (prompt, chosen, rejected) rows."""
-    groups = [(p, completions[i * n: (i + 1) * n], scores[i * n: (i + 1) * n]) for i, p in enumerate(prompts)]
-    return [{"prompt": p, "chosen": c, "rejected": r} for p, (c, r), _ in dpo_humanline.best_worst_pairs(groups, threshold)]
+    groups = [(p, completions[i * n : (i + 1) * n], scores[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]
+    return [
+        {"prompt": p, "chosen": c, "rejected": r} for p, (c, r), _ in dpo_humanline.best_worst_pairs(groups, threshold)
+    ]
 
 
 def session(out, policy, ref, opt, sched, tok, resume=False, step=0):
@@ -106,15 +108,15 @@ def test_dpo_loss_matches_hand_computed_values(clamp):
     bounds = (LO, HI) if clamp else (None, None)
     r_w = hand_sums(POL_C, REF_C, MASK_C, *bounds)
     r_l = hand_sums(POL_R, REF_R, MASK_R, *bounds)
-    expected = [neg_log_sigmoid(BETA * (w - l)) for w, l in zip(r_w, r_l)]
+    expected = [neg_log_sigmoid(BETA * (w - lo)) for w, lo in zip(r_w, r_l)]
 
     losses, metrics = dpo_loss(*loss_inputs(), BETA, *bounds)
     assert losses.shape == (2,)
     assert losses.tolist() == pytest.approx(expected, rel=1e-12)
     assert metrics["rewards/chosen"].tolist() == pytest.approx([BETA * w for w in r_w], rel=1e-12)
-    assert metrics["rewards/rejected"].tolist() == pytest.approx([BETA * l for l in r_l], rel=1e-12, abs=1e-15)
-    assert metrics["rewards/margins"].tolist() == pytest.approx([BETA * (w - l) for w, l in zip(r_w, r_l)], rel=1e-12)
-    assert metrics["rewards/accuracies"].tolist() == [float(w > l) for w, l in zip(r_w, r_l)]
+    assert metrics["rewards/rejected"].tolist() == pytest.approx([BETA * lo for lo in r_l], rel=1e-12, abs=1e-15)
+    assert metrics["rewards/margins"].tolist() == pytest.approx([BETA * (w - lo) for w, lo in zip(r_w, r_l)], rel=1e-12)
+    assert metrics["rewards/accuracies"].tolist() == [float(w > lo) for w, lo in zip(r_w, r_l)]
 
 
 def test_clamping_changes_the_loss_and_one_bound_alone_does_not_clamp():
@@ -258,8 +260,14 @@ def test_a_skipped_step_leaves_out_the_update_not_the_sync(module, sync, why):
 def test_the_reference_free_schedule_is_the_one_optimizer_step_follows(module):
     """k = 3: humanline syncs before updates 2 and 5 (the test above), so steps 3-5 see the policy as step 2 began and
     steps 6-8 as step 5 began; trust region copies after them (as steps 3 and 6 began); a round's start resets."""
-    got = {sync: [module.reference_step(s, sync, 3) for s in range(9)] for sync in ("humanline", "trust_region", "none")}
-    assert got == {"humanline": [0, 0, 0, 2, 2, 2, 5, 5, 5], "trust_region": [0, 0, 0, 3, 3, 3, 6, 6, 6], "none": [0] * 9}
+    got = {
+        sync: [module.reference_step(s, sync, 3) for s in range(9)] for sync in ("humanline", "trust_region", "none")
+    }
+    assert got == {
+        "humanline": [0, 0, 0, 2, 2, 2, 5, 5, 5],
+        "trust_region": [0, 0, 0, 3, 3, 3, 6, 6, 6],
+        "none": [0] * 9,
+    }
     assert [module.reference_step(s, "humanline", 3, reset=4) for s in range(4, 9)] == [4, 4, 5, 5, 5]
 
 
@@ -319,10 +327,20 @@ def test_gradients_are_clipped_before_the_sync_and_the_update(sync, monkeypatch)
 def test_best_worst_pairs_keeps_gaps_at_least_the_threshold():
     prompts = ["a", "b", "c", "d"]
     completions = ["a0", "a1", "a2", "b0", "b1", "b2", "c0", "c1", "c2", "d0", "d1", "d2"]
-    scores = [0.5, 0.9, 0.1,  # a: best a1, worst a2, gap 0.8
-              0.75, 0.5, 0.25,  # b: gap exactly 0.5 -> kept
-              0.25, 0.7, 0.74,  # c: gap 0.49 -> dropped
-              1.0, 0.0, 0.6]  # d: best d0, worst d1
+    scores = [
+        0.5,
+        0.9,
+        0.1,  # a: best a1, worst a2, gap 0.8
+        0.75,
+        0.5,
+        0.25,  # b: gap exactly 0.5 -> kept
+        0.25,
+        0.7,
+        0.74,  # c: gap 0.49 -> dropped
+        1.0,
+        0.0,
+        0.6,
+    ]  # d: best d0, worst d1
     rows = best_worst_pairs(prompts, completions, scores, 3, 0.5)
     assert rows == [
         {"prompt": "a", "chosen": "a1", "rejected": "a2"},
@@ -374,7 +392,7 @@ def good_row():
 
 def test_plain_rows_tokenise_to_prompt_and_completion_with_eos(tok):
     pairs, counts = encode_pairs([good_row()], tok, Args())
-    (p, c, r), = pairs
+    ((p, c, r),) = pairs
     assert p == ids(tok, PROMPT) and len(p) == len(PROMPT)  # one token per character, no BOS
     assert c == ids(tok, RIGHT) + [tok.eos_token_id]
     assert r == ids(tok, DROPPED) + [tok.eos_token_id]
@@ -419,8 +437,11 @@ def test_conversational_rows_equal_plain_strings_on_the_toy_template(tok):
     conv = [conversational(r) for r in plain]
     assert encode_pairs(conv, tok, Args()) == encode_pairs(plain, tok, Args())
     # multi-turn: the template concatenates the contents and ends assistant turns with <eos>
-    history = [{"role": "system", "content": "0"}, {"role": "user", "content": "1+1="},
-               {"role": "assistant", "content": "2"}]
+    history = [
+        {"role": "system", "content": "0"},
+        {"role": "user", "content": "1+1="},
+        {"role": "assistant", "content": "2"},
+    ]
     (multi,), _ = encode_pairs([conversational(good_row(), history)], tok, Args())
     assert [multi] == encode_pairs([good_row() | {"prompt": "01+1=2<eos>" + PROMPT}], tok, Args())[0]
     assert multi[0] == ids(tok, "01+1=2") + [tok.eos_token_id] + ids(tok, PROMPT)
@@ -434,13 +455,16 @@ def test_as_text_of_a_conversational_completion_is_the_templated_suffix(tok):
         as_text(RIGHT, 0, "chosen", tok, prompt=prompt)
 
 
-@pytest.mark.parametrize("message, match", [
-    ({"content": "12"}, "role"),
-    ({"role": "robot", "content": "12"}, "role"),
-    ("12", "role"),
-    ({"role": "assistant", "content": 12}, "content"),
-    ({"role": "assistant"}, "content"),
-])
+@pytest.mark.parametrize(
+    "message, match",
+    [
+        ({"content": "12"}, "role"),
+        ({"role": "robot", "content": "12"}, "role"),
+        ("12", "role"),
+        ({"role": "assistant", "content": 12}, "content"),
+        ({"role": "assistant"}, "content"),
+    ],
+)
 def test_malformed_messages_name_row_and_column(tok, message, match):
     bad = conversational(good_row()) | {"rejected": [message]}
     with pytest.raises(SystemExit, match=rf"row 1, column 'rejected'.*{match}"):
@@ -487,7 +511,7 @@ def test_truncated_prompts_are_counted_once_per_row(tok):
 def test_prompt_longer_than_max_length_never_yields_an_overlong_sequence(tok):
     args = Args(max_prompt_length=512, max_length=6)  # prompt (8 tokens) fits max_prompt_length, not max_length
     pairs, counts = encode_pairs([good_row()], tok, args)
-    (p, c, r), = pairs
+    ((p, c, r),) = pairs
     # the prompt keeps its last 5 tokens, leaving room for one completion token each
     assert p == ids(tok, PROMPT)[-5:] and len(c) == len(r) == 1
     assert counts == {"truncated_prompts": 1, "truncated_completions": 2, "truncated_unknown tokens": 0}
@@ -528,9 +552,13 @@ def test_token_logps_equals_an_independent_log_softmax(tok, toy_model):
     for j, (p, c) in enumerate(seqs):
         alone = torch.tensor([p + c])
         with torch.no_grad():
-            lp = F.log_softmax(toy_model(input_ids=alone).logits.double(), -1)[0, :-1].gather(-1, alone[0, 1:, None]).squeeze(-1)
+            lp = (
+                F.log_softmax(toy_model(input_ids=alone).logits.double(), -1)[0, :-1]
+                .gather(-1, alone[0, 1:, None])
+                .squeeze(-1)
+            )
         n = len(p) + len(c) - 1
-        torch.testing.assert_close(got[j, len(p) - 1: n].double(), lp[len(p) - 1:], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got[j, len(p) - 1 : n].double(), lp[len(p) - 1 :], rtol=1e-4, atol=1e-4)
         assert got[j, n:].abs().sum() == 0 and got[j, : len(p) - 1].abs().sum() == 0
 
 
@@ -539,10 +567,27 @@ def test_token_logps_equals_an_independent_log_softmax(tok, toy_model):
 # ----------------------------------------------------------------------------------------------
 
 STEPS = 4
-BASE = ["--max_steps", str(STEPS), "--batch_size", "8", "--eval_every", "0", "--num_eval_prompts", "8",
-        "--round_size", "32", "--num_samples", "4", "--save_every", "0"]
-ENV = {k: v for k, v in os.environ.items()
-       if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+BASE = [
+    "--max_steps",
+    str(STEPS),
+    "--batch_size",
+    "8",
+    "--eval_every",
+    "0",
+    "--num_eval_prompts",
+    "8",
+    "--round_size",
+    "32",
+    "--num_samples",
+    "4",
+    "--save_every",
+    "0",
+]
+ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+}
 ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -554,7 +599,8 @@ class Run:
 
     def check(self):
         assert self.proc.returncode == 0, (
-            f"{' '.join(self.cmd)}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}")
+            f"{' '.join(self.cmd)}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}"
+        )
         return self
 
     @property
@@ -568,9 +614,21 @@ class Run:
 
 
 def launch(extra, out, nproc=1):
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    cmd = [*launcher, "dpo_humanline.py", *BASE, "--micro_batch_size", str(4 // nproc), *extra, "--output_dir", str(out)]
+    launcher = (
+        [sys.executable]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    )
+    cmd = [
+        *launcher,
+        "dpo_humanline.py",
+        *BASE,
+        "--micro_batch_size",
+        str(4 // nproc),
+        *extra,
+        "--output_dir",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     return Run(cmd, str(out), proc)
 
@@ -620,8 +678,17 @@ def test_end_to_end(name, dpo_run, toy_model):
     steps = run.steps
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     for r in steps:
-        for k in ("loss", "grad_norm", "lr", "rewards/margins", "rewards/chosen", "rewards/rejected",
-                  "logps/chosen", "logps/rejected", "humanline/clamped_frac"):
+        for k in (
+            "loss",
+            "grad_norm",
+            "lr",
+            "rewards/margins",
+            "rewards/chosen",
+            "rewards/rejected",
+            "logps/chosen",
+            "logps/rejected",
+            "humanline/clamped_frac",
+        ):
             assert math.isfinite(r[k]), (k, r)
         assert 0 <= r["humanline/clamped_frac"] <= 1 and 0 <= r["rewards/accuracies"] <= 1
         assert r["grad_norm"] > 0
@@ -660,10 +727,25 @@ def test_online_rounds_count_the_completions_cut_by_max_new_tokens(dpo_run):
 
 def test_an_online_run_whose_samples_would_be_cut_before_training_is_refused(tmp_path):
     # prompt 16 + completion 40 > 24: the tail a reward scored (a math answer) would be cut before the loss sees it
-    proc = subprocess.run([sys.executable, "dpo_humanline.py", "--online", "--max_prompt_length", "16", "--max_length",
-                           "24", "--output_dir", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "dpo_humanline.py",
+            "--online",
+            "--max_prompt_length",
+            "16",
+            "--max_length",
+            "24",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        "--max_prompt_length + --max_new_tokens = 56 is above --max_length 24: samples would be cut before training"]
+        "--max_prompt_length + --max_new_tokens = 56 is above --max_length 24: samples would be cut before training"
+    ]
     assert not (tmp_path / "out").exists()
 
 
@@ -679,8 +761,9 @@ def test_sync_timing_end_to_end(dpo_run):
 
 
 def test_help_lists_every_argument():
-    proc = subprocess.run([sys.executable, "dpo_humanline.py", "--help"], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "dpo_humanline.py", "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for f in dataclasses.fields(Args):
         assert f"--{f.name}" in proc.stdout, f.name
@@ -776,7 +859,9 @@ def test_load_checkpoint_restores_weights_and_optimizer_state(checkpoint_round_t
     assert s2.last_epoch == sched.last_epoch and s2.get_last_lr() == sched.get_last_lr()
 
 
-def test_a_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(checkpoint_round_trip, tok, tmp_path, monkeypatch):
+def test_a_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(
+    checkpoint_round_trip, tok, tmp_path, monkeypatch
+):
     (policy, ref, opt, sched), _, _ = checkpoint_round_trip
     events, real_fsync, real_replace = [], os.fsync, os.replace
 
@@ -797,7 +882,7 @@ def test_a_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(checkpoin
     files = {os.path.join(final + ".tmp", name) for name in os.listdir(final)}
     assert len(files) >= 3 and files <= synced_before  # every file (weights, config, state), then the directory
     assert final + ".tmp" in synced_before
-    assert ("fsync", str(tmp_path)) in events[rename + 1:]  # and the rename itself
+    assert ("fsync", str(tmp_path)) in events[rename + 1 :]  # and the rename itself
 
 
 def test_load_checkpoint_restores_the_learning_rate_in_use(checkpoint_round_trip):

@@ -22,9 +22,14 @@ def test_holm_by_hand():
     assert list(run.holm([0.5, 0.9])) == pytest.approx([1.0, 1.0])  # capped at 1
 
 
-@pytest.mark.parametrize("a, b", [([0.851, 0.853, 0.849], [0.850, 0.852, 0.848, 0.851, 0.850]),  # equivalent
-                                  ([0.80, 0.83, 0.78], [0.85, 0.86, 0.84]),  # different
-                                  ([0.845, 0.86, 0.83, 0.85, 0.84], [0.843, 0.87, 0.82, 0.85, 0.845])])  # noisy
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ([0.851, 0.853, 0.849], [0.850, 0.852, 0.848, 0.851, 0.850]),  # equivalent
+        ([0.80, 0.83, 0.78], [0.85, 0.86, 0.84]),  # different
+        ([0.845, 0.86, 0.83, 0.85, 0.84], [0.843, 0.87, 0.82, 0.85, 0.845]),
+    ],
+)  # noisy
 def test_tost_is_two_shifted_one_sided_welch_tests(a, b):
     # independently: mean(a) - mean(b) > -m is Welch's one-sided test of a + m against b, and < m of a - m against b
     m = 0.01
@@ -39,19 +44,60 @@ def test_tost_decides_both_ways():
     assert run.tost([0.5] * 3, [0.5] * 3, 0.01) == 0.0 and run.tost([0.5] * 3, [0.6] * 3, 0.01) == 1.0  # no spread
 
 
-def fake_run(results, suite, name, seed, rewards_by_step, wall=10.0, cpu=None, code="abc", clamped=0.0, margin=1.0, lr=None):
+def fake_run(
+    results, suite, name, seed, rewards_by_step, wall=10.0, cpu=None, code="abc", clamped=0.0, margin=1.0, lr=None
+):
     out = os.path.join(results, "runs", suite, run.run_key(name, seed))
     os.makedirs(out)
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         for step, reward in rewards_by_step:
-            f.write(json.dumps({"step": step, "loss": 0.5, "perf/step_seconds": wall / 100, "humanline/clamped_frac": clamped,
-                                "rewards/margins": margin, "eval/reward": reward, "eval/accuracy": reward / 2}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "loss": 0.5,
+                        "perf/step_seconds": wall / 100,
+                        "humanline/clamped_frac": clamped,
+                        "rewards/margins": margin,
+                        "eval/reward": reward,
+                        "eval/accuracy": reward / 2,
+                    }
+                )
+                + "\n"
+            )
     with open(os.path.join(out, "args.json"), "w") as f:
-        json.dump({"seed": seed, "learning_rate": lr, "batch_size": 32, "beta": 0.1, "max_grad_norm": 1.0, "online": "online" in name,
-                   "sync": "humanline" if "humanline" in name else "none", "sync_every": 1, "clip": "clamp" if "humanline" in name else "none",
-                   "log_eps_P": -1.5, "log_eps_R": 1.5, "round_size": 256, "num_samples": 8, "temperature": 0.7, "max_steps": 120,
-                   "adam_eps": 1e-5, "weight_decay": 0.01, "warmup_ratio": 0.1, "ref_free": "on", "max_new_tokens": 40, "provenance": {"code": code, "commit": "0123456789ab",
-                   "dirty": False, "torch": "2.13.0", "transformers": "5.23.0"}}, f)
+        json.dump(
+            {
+                "seed": seed,
+                "learning_rate": lr,
+                "batch_size": 32,
+                "beta": 0.1,
+                "max_grad_norm": 1.0,
+                "online": "online" in name,
+                "sync": "humanline" if "humanline" in name else "none",
+                "sync_every": 1,
+                "clip": "clamp" if "humanline" in name else "none",
+                "log_eps_P": -1.5,
+                "log_eps_R": 1.5,
+                "round_size": 256,
+                "num_samples": 8,
+                "temperature": 0.7,
+                "max_steps": 120,
+                "adam_eps": 1e-5,
+                "weight_decay": 0.01,
+                "warmup_ratio": 0.1,
+                "ref_free": "on",
+                "max_new_tokens": 40,
+                "provenance": {
+                    "code": code,
+                    "commit": "0123456789ab",
+                    "dirty": False,
+                    "torch": "2.13.0",
+                    "transformers": "5.23.0",
+                },
+            },
+            f,
+        )
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{wall}\n")
     with open(os.path.join(out, "cpu_seconds"), "w") as f:
@@ -66,20 +112,36 @@ def dpo_main(results):
 def test_summary_and_significance_on_known_runs(tmp_path):
     results = str(tmp_path)
     configs = dpo_main(results)
-    finals = {"dpo offline": [0.50, 0.52, 0.48, 0.51, 0.49], "dpo offline+humanline": [0.60, 0.62, 0.58, 0.61, 0.64],
-              "dpo online": [0.70, 0.69, 0.72, 0.71, 0.66], "dpo online+humanline": [0.701, 0.699, 0.7, 0.7, 0.7]}
+    finals = {
+        "dpo offline": [0.50, 0.52, 0.48, 0.51, 0.49],
+        "dpo offline+humanline": [0.60, 0.62, 0.58, 0.61, 0.64],
+        "dpo online": [0.70, 0.69, 0.72, 0.71, 0.66],
+        "dpo online+humanline": [0.701, 0.699, 0.7, 0.7, 0.7],
+    }
     for name, _, flags, seeds in configs:
         for seed in seeds:
-            fake_run(results, "main", name, seed, [(0, 0.4), (120, finals[name][seed])], wall=100.0 if "online" in name else 20.0)
+            fake_run(
+                results,
+                "main",
+                name,
+                seed,
+                [(0, 0.4), (120, finals[name][seed])],
+                wall=100.0 if "online" in name else 20.0,
+            )
     rows = {r["config"]: r for r in run.summarize(run.load_runs(results, "main"), configs)}
     off = rows["dpo offline"]
     assert off["seeds"] == 5 and off["reward"][0] == pytest.approx(0.5)
     assert off["reward"][1] == pytest.approx(stats.sem(finals["dpo offline"]))
     tests = {t["comparison"]: t for t in run.significance(list(rows.values()), run.comparisons("main"))}
     assert len(tests) == 3  # KTO and GRPO have no runs here
-    p = {k: stats.ttest_ind(finals[a], finals[b], equal_var=False).pvalue for k, (a, b) in
-         {"off": ("dpo offline+humanline", "dpo offline"), "on": ("dpo offline+humanline", "dpo online"),
-          "hl": ("dpo online+humanline", "dpo online")}.items()}
+    p = {
+        k: stats.ttest_ind(finals[a], finals[b], equal_var=False).pvalue
+        for k, (a, b) in {
+            "off": ("dpo offline+humanline", "dpo offline"),
+            "on": ("dpo offline+humanline", "dpo online"),
+            "hl": ("dpo online+humanline", "dpo online"),
+        }.items()
+    }
     assert tests["dpo offline+humanline vs dpo offline"]["p"] == pytest.approx(p["off"])
     ordered = sorted(p.values())  # Holm with three tests: x3, x2, x1, made monotone
     holm = np.maximum.accumulate([min(1, 3 * ordered[0]), min(1, 2 * ordered[1]), ordered[2]])
@@ -87,25 +149,45 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     assert tests["dpo offline+humanline vs dpo offline"]["verdict"] == "higher"
     assert tests["dpo offline+humanline vs dpo online"]["verdict"] == "lower"
     hl = tests["dpo online+humanline vs dpo online"]
-    assert hl["verdict"] == ("equivalent (within ±0.01)" if hl["p_tost_holm"] < 0.05 else "not decided") and hl["p_holm"] > 0.05
+    assert (
+        hl["verdict"] == ("equivalent (within ±0.01)" if hl["p_tost_holm"] < 0.05 else "not decided")
+        and hl["p_holm"] > 0.05
+    )
     run.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
     assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.542-0.678 | 0.305 ± 0.005 | 5e-06 | clamp idle |" in table
-    assert "| dpo offline+humanline | 20 ± 0 | 20 ± 0 | 0 ± 0 | 0.0000 ± 0.0000 | 1.000 ± 0.000 | – | – | – |" in table  # time, diagnostics
+    assert (
+        "| dpo offline+humanline | 20 ± 0 | 20 ± 0 | 0 ± 0 | 0.0000 ± 0.0000 | 1.000 ± 0.000 | – | – | – |" in table
+    )  # time, diagnostics
     assert "| dpo online / dpo offline+humanline | 5.00 | 5.00 | 5.00 |" in table
     assert "5 runs of code abc" not in table and "20 runs of code abc (commit 0123456789)" in table
     assert "| dpo offline | 32 | 0.1 | 1.0 | none | none | – | – | – |" in table  # the settings, from args.json
-    assert "| dpo online+humanline | 32 | 0.1 | 1.0 | humanline, every 1 step(s) | clamp [-1.5, 1.5] | – | rounds of 256 prompts x 8, best vs worst | 0.7 |" in table
+    assert (
+        "| dpo online+humanline | 32 | 0.1 | 1.0 | humanline, every 1 step(s) | clamp [-1.5, 1.5] | – "
+        "| rounds of 256 prompts x 8, best vs worst | 0.7 |" in table
+    )
     assert "All variants: 120 steps, AdamW (eps 1e-05, weight decay 0.01), warmup 0.1 of the steps" in table
 
 
 def test_time_ratios_use_medians_of_cpu_time(tmp_path):
     results = str(tmp_path)
     configs = [c for c in dpo_main(results) if c[0] in ("dpo offline", "dpo offline+humanline", "dpo online")]
-    walls = {"dpo offline": [10, 10, 12, 10, 10], "dpo offline+humanline": [20, 30, 20, 20, 90], "dpo online": [60, 60, 60, 200, 61]}
+    walls = {
+        "dpo offline": [10, 10, 12, 10, 10],
+        "dpo offline+humanline": [20, 30, 20, 20, 90],
+        "dpo online": [60, 60, 60, 200, 61],
+    }
     for name, _, flags, seeds in configs:
         for seed in seeds:
-            fake_run(results, "main", name, seed, [(120, 0.5 + 0.01 * seed)], wall=walls[name][seed], cpu=walls[name][seed] / 2)
+            fake_run(
+                results,
+                "main",
+                name,
+                seed,
+                [(120, 0.5 + 0.01 * seed)],
+                wall=walls[name][seed],
+                cpu=walls[name][seed] / 2,
+            )
     run.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
     assert "| dpo online / dpo offline+humanline | 3.00 | 3.00 |" in table  # median 60 / median 20
@@ -131,17 +213,32 @@ def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_
     means = [0.80, 0.84, 0.85, 0.86, 0.70]  # 1e-5 is best on average, though one seed of 5e-6 is the best single run
     for (name, _, flags, seeds), mean in zip(sweep, means):
         for i, seed in enumerate(seeds):
-            fake_run(results, "sweep", name, seed, [(120, mean + (0.02 if mean == 0.85 and i == 0 else 0.0) - (0.01 * (i == 2) if mean == 0.85 else 0))])
+            fake_run(
+                results,
+                "sweep",
+                name,
+                seed,
+                [(120, mean + (0.02 if mean == 0.85 and i == 0 else 0.0) - (0.01 * (i == 2) if mean == 0.85 else 0))],
+            )
     assert run.choose_rates(results) == {"dpo offline": 1e-5}
     run.report(results, "sweep", sweep)
     table = open(os.path.join(results, "sweep.md")).read()
-    assert "| dpo offline | 5e-06 | 0.800 ± 0.000 | 0.840 ± 0.000 | 0.853 ± 0.009 | **0.860 ± 0.000** | 0.700 ± 0.000 | 1e-05 |" in table
+    assert (
+        "| dpo offline | 5e-06 | 0.800 ± 0.000 | 0.840 ± 0.000 | 0.853 ± 0.009 | **0.860 ± 0.000** | 0.700 ± 0.000 "
+        "| 1e-05 |" in table
+    )
     assert "| dpo offline+humanline | 5e-06 |  |  |  |  |  | not yet |" in table
     assert open(os.path.join(results, "setup.md")).read().startswith("| variant | batch |")
-    os.remove(os.path.join(results, "runs", "sweep", run.run_key(sweep[0][0], sweep[0][3][0]), "cpu_seconds"))  # unfinished
+    os.remove(
+        os.path.join(results, "runs", "sweep", run.run_key(sweep[0][0], sweep[0][3][0]), "cpu_seconds")
+    )  # unfinished
     assert run.choose_rates(results) == {}
     main = {c[0]: c for c in run.suites(results, {"dpo offline": 1e-5})["main"]}
-    assert list(main) == ["dpo offline"] and run.rate_of(main["dpo offline"][2]) == 1e-5 and "toy:valid" not in main["dpo offline"][2]
+    assert (
+        list(main) == ["dpo offline"]
+        and run.rate_of(main["dpo offline"][2]) == 1e-5
+        and "toy:valid" not in main["dpo offline"][2]
+    )
 
 
 def test_the_archive_holds_every_finished_run_byte_stably(tmp_path):
@@ -174,7 +271,9 @@ def test_an_unfinished_run_is_redone(tmp_path):
     fake_run(results, "main", "dpo offline", 0, [(0, 0.3), (60, 0.4)])  # stopped before its last evaluation
     run_ = run.load_runs(results, "main")[run.run_key("dpo offline", 0)]
     assert not run.finished(run_, 120) and run.finished(run_, 60)
-    killed = os.path.join(results, "runs", "main", run.run_key("dpo online", 0))  # stopped mid-run: a checkpoint, no times
+    killed = os.path.join(
+        results, "runs", "main", run.run_key("dpo online", 0)
+    )  # stopped mid-run: a checkpoint, no times
     os.makedirs(os.path.join(killed, "checkpoint-84"))
     open(os.path.join(killed, "metrics.jsonl"), "w").write('{"step": 1, "loss": 0.7}\n')
     assert run.run_key("dpo online", 0) not in run.load_runs(results, "main")
@@ -191,21 +290,35 @@ def test_regime():
 
 
 def test_shapes_tell_code_paths_apart():
-    assert run.shape("dpo_humanline.py", ["--humanline", "--sync_every", "2"]) == run.shape("dpo_humanline.py", ["--humanline", "--sync_every", "16"])
-    assert run.shape("dpo_humanline.py", ["--sync", "humanline"]) != run.shape("dpo_humanline.py", ["--sync", "trust_region"])
+    assert run.shape("dpo_humanline.py", ["--humanline", "--sync_every", "2"]) == run.shape(
+        "dpo_humanline.py", ["--humanline", "--sync_every", "16"]
+    )
+    assert run.shape("dpo_humanline.py", ["--sync", "humanline"]) != run.shape(
+        "dpo_humanline.py", ["--sync", "trust_region"]
+    )
     assert run.shape("dpo_humanline.py", ["--beta", "0"]) == run.shape("dpo_humanline.py", ["--beta", "0.1"])
     assert run.shape("dpo_humanline.py", ["--offline"]) != run.shape("kto_humanline.py", ["--offline"])
-    assert run.shape("dpo_humanline.py", ["--offline", "--eval_prompts", "toy:valid"]) == run.shape("dpo_humanline.py", ["--offline"])
+    assert run.shape("dpo_humanline.py", ["--offline", "--eval_prompts", "toy:valid"]) == run.shape(
+        "dpo_humanline.py", ["--offline"]
+    )
     assert run.shape("dpo_humanline.py", ["--online"]) != run.shape("dpo_humanline.py", ["--offline"])
 
 
 def test_quick_exercises_every_configuration(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--quick", "--results", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--quick", "--results", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     quick = os.path.join(str(tmp_path), "quick")
-    full = {(suite, name): run.shape(script, flags) for suite, configs in run.suites(quick, {c: 1e-6 for c, _, _ in run.CELLS}).items()
-            for name, script, flags, _ in configs}
+    full = {
+        (suite, name): run.shape(script, flags)
+        for suite, configs in run.suites(quick, {c: 1e-6 for c, _, _ in run.CELLS}).items()
+        for name, script, flags, _ in configs
+    }
     ran = set()
     for suite, configs in run.quick_suites(quick).items():
         table = open(os.path.join(quick, f"{suite}.md")).read()
@@ -213,7 +326,12 @@ def test_quick_exercises_every_configuration(tmp_path):
         for name, script, flags, seeds in configs:
             assert run.finished(runs[run.run_key(name, seeds[0])], 2), name
             assert f"| {name} | 1 |" in table or (suite == "sweep" and f"| {name.rsplit(' lr ', 1)[0]} |" in table)
-            assert sorted(runs[run.run_key(name, seeds[0])]) == ["args.json", "cpu_seconds", "metrics.jsonl", "wall_seconds"]
+            assert sorted(runs[run.run_key(name, seeds[0])]) == [
+                "args.json",
+                "cpu_seconds",
+                "metrics.jsonl",
+                "wall_seconds",
+            ]
             ran.add(full[(suite, name)])
     assert set(full.values()) <= ran  # every code path of every suite ran
     first = json.loads(open(os.path.join(quick, "main.jsonl")).readline())
@@ -227,8 +345,23 @@ def test_the_stated_starting_reward_is_the_scripts_step_0_evaluation(tmp_path):
     from unittest import mock
 
     handler = signal.getsignal(signal.SIGTERM)
-    argv = ["dpo_humanline.py", "--max_steps", "1", "--batch_size", "8", "--micro_batch_size", "8", "--eval_every", "1", "--eval_prompts", "toy:valid",
-            "--save_every", "0", "--output_dir", str(tmp_path)]
+    argv = [
+        "dpo_humanline.py",
+        "--max_steps",
+        "1",
+        "--batch_size",
+        "8",
+        "--micro_batch_size",
+        "8",
+        "--eval_every",
+        "1",
+        "--eval_prompts",
+        "toy:valid",
+        "--save_every",
+        "0",
+        "--output_dir",
+        str(tmp_path),
+    ]
     try:
         with mock.patch.object(sys, "argv", argv):
             runpy.run_path(os.path.join(ROOT, "dpo_humanline.py"), run_name="__main__")
@@ -236,7 +369,9 @@ def test_the_stated_starting_reward_is_the_scripts_step_0_evaluation(tmp_path):
         signal.signal(signal.SIGTERM, handler)
     step0 = json.loads(open(tmp_path / "metrics.jsonl").readline())
     assert step0["step"] == 0 and step0["eval/reward"] == pytest.approx(run.starting_reward("valid"), abs=1e-9)
-    assert run.starting_reward("test") == pytest.approx(0.6883, abs=1e-4) != pytest.approx(step0["eval/reward"], abs=1e-4)
+    assert (
+        run.starting_reward("test") == pytest.approx(0.6883, abs=1e-4) != pytest.approx(step0["eval/reward"], abs=1e-4)
+    )
 
 
 def test_new_seed_range_by_hand():
@@ -279,8 +414,12 @@ def test_instance_tables_on_known_runs(tmp_path):
     configs = run.suites(results, {cell: run.paper_lr(cell) for cell, _, _ in run.CELLS})
     main = [c for c in configs["main"] if c[0].startswith("dpo")]
     inst = [c for c in configs["instances"] if c[0].startswith("instance 1: dpo")]
-    finals = {"dpo offline": [0.80, 0.81, 0.82, 0.80, 0.81], "dpo offline+humanline": [0.60, 0.61, 0.62, 0.60, 0.61],
-              "dpo online": [0.90, 0.91, 0.92, 0.90, 0.91], "dpo online+humanline": [0.90] * 5}
+    finals = {
+        "dpo offline": [0.80, 0.81, 0.82, 0.80, 0.81],
+        "dpo offline+humanline": [0.60, 0.61, 0.62, 0.60, 0.61],
+        "dpo online": [0.90, 0.91, 0.92, 0.90, 0.91],
+        "dpo online+humanline": [0.90] * 5,
+    }
     for name, _, _, seeds in main:
         for seed in seeds:
             fake_run(results, "main", name, seed, [(0, 0.45), (120, finals[name][seed])])
@@ -297,28 +436,48 @@ def test_instance_tables_on_known_runs(tmp_path):
     assert "| starting policy | 0.450 | 0.500 |" in table  # each instance's runs at step 0
     p_online = stats.ttest_ind(same, [0.90, 0.91, 0.92], equal_var=False).pvalue * 2  # Holm: the smaller of 2 p-values
     p_equal = run.tost(same, same, 0.01) * 2
-    p0 = run.holm([stats.ttest_ind(finals["dpo offline+humanline"], finals[b], equal_var=False).pvalue for b in ("dpo offline", "dpo online")])
-    assert (f"| dpo offline+humanline vs dpo offline | -0.200 (lower, p {p0[0]:.2g}) | +0.000 (equivalent (within ±0.01), "
-            f"TOST p {p_equal:.2g}) | no |") in table  # the verdict differs between instances
-    assert "| dpo offline+humanline vs dpo online | -0.300 (lower, p " in table and f"| -0.209 (lower, p {p_online:.2g}) | yes |" in table
+    p0 = run.holm(
+        [
+            stats.ttest_ind(finals["dpo offline+humanline"], finals[b], equal_var=False).pvalue
+            for b in ("dpo offline", "dpo online")
+        ]
+    )
+    assert (
+        f"| dpo offline+humanline vs dpo offline | -0.200 (lower, p {p0[0]:.2g}) | +0.000 (equivalent (within ±0.01), "
+        f"TOST p {p_equal:.2g}) | no |"
+    ) in table  # the verdict differs between instances
+    assert (
+        "| dpo offline+humanline vs dpo online | -0.300 (lower, p " in table
+        and f"| -0.209 (lower, p {p_online:.2g}) | yes |" in table
+    )
 
 
 def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_path):
     """The documented `--report`, on a copy of the committed results only (no run folders, no built instances), writes
     every committed table and summary again, byte for byte."""
-    tracked = subprocess.run(["git", "ls-files", "experiments/results"], cwd=ROOT, capture_output=True, text=True, check=True)
+    tracked = subprocess.run(
+        ["git", "ls-files", "experiments/results"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     files = [f for f in tracked.stdout.split() if "/previous/" not in f]
     if not any(f.endswith(".tar.gz") for f in files):
         pytest.skip("not a git checkout with committed results")
     suites = ("sweep", "main", "instances", "offpolicy", "ablations", "quality")
-    tables = [f for f in files if os.path.basename(f) in {"setup.md"} | {f"{s}{x}" for s in suites for x in (".md", ".jsonl")}]
+    tables = [
+        f for f in files if os.path.basename(f) in {"setup.md"} | {f"{s}{x}" for s in suites for x in (".md", ".jsonl")}
+    ]
     assert len(tables) == 13
     for f in set(files) - set(tables):  # the tables are left out: the report has to write them
         dest = tmp_path / os.path.relpath(f, "experiments/results")
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(open(os.path.join(ROOT, f), "rb").read())
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--report", "--results", str(tmp_path)],
-                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--report", "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     for f in tables:
-        assert (tmp_path / os.path.relpath(f, "experiments/results")).read_text() == open(os.path.join(ROOT, f)).read(), f
+        assert (tmp_path / os.path.relpath(f, "experiments/results")).read_text() == open(
+            os.path.join(ROOT, f)
+        ).read(), f

@@ -20,20 +20,28 @@ from unittest import mock
 import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    PreTrainedTokenizerFast,
+)
 
 import dpo_humanline
-import memory_plan
 import grpo_humanline
 import kto_humanline
+import memory_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = {"dpo": dpo_humanline, "kto": kto_humanline, "grpo": grpo_humanline}
 BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 SPECIAL = [BOS, EOS, EOT, "<|start_header_id|>", "<|end_header_id|>", "<unk>"]
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-            "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
 
 
 def chat_tokenizer():
@@ -50,9 +58,18 @@ def chat_tokenizer():
 
 
 def tiny_config(tokenizer, **kw):
-    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **kw)
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +100,24 @@ QUESTIONS = [(f"What is {a} plus {b}?", f" It is {a + b}.", f" It is {a + b + 1}
 PREFERENCE_SHAPES = {  # TRL's names for them
     "standard": [{"prompt": q, "chosen": c, "rejected": r} for q, c, r in QUESTIONS],
     "standard-implicit-prompt": [{"chosen": q + c, "rejected": q + r} for q, c, r in QUESTIONS],
-    "conversational": [{"prompt": [user(q)], "chosen": [assistant(c)], "rejected": [assistant(r)]} for q, c, r in QUESTIONS],
-    "conversational-implicit-prompt": [{"chosen": [user(q), assistant(c)], "rejected": [user(q), assistant(r)]} for q, c, r in QUESTIONS],
+    "conversational": [
+        {"prompt": [user(q)], "chosen": [assistant(c)], "rejected": [assistant(r)]} for q, c, r in QUESTIONS
+    ],
+    "conversational-implicit-prompt": [
+        {"chosen": [user(q), assistant(c)], "rejected": [user(q), assistant(r)]} for q, c, r in QUESTIONS
+    ],
     "text-prompt-repeated-in-conversations": [  # princeton-nlp/llama3-ultrafeedback-armorm
-        {"prompt": q, "chosen": [user(q), assistant(c)], "rejected": [user(q), assistant(r)]} for q, c, r in QUESTIONS],
+        {"prompt": q, "chosen": [user(q), assistant(c)], "rejected": [user(q), assistant(r)]} for q, c, r in QUESTIONS
+    ],
 }
 UNPAIRED_SHAPES = {
     "unpaired-standard": [{"prompt": q, "completion": x, "label": x == c} for q, c, r in QUESTIONS for x in (c, r)],
-    "unpaired-conversational": [{"prompt": [user(q)], "completion": [assistant(x)], "label": x == c} for q, c, r in QUESTIONS for x in (c, r)],
-    "unpaired-text-prompt-repeated": [{"prompt": q, "completion": [user(q), assistant(x)], "label": x == c} for q, c, r in QUESTIONS for x in (c, r)],
+    "unpaired-conversational": [
+        {"prompt": [user(q)], "completion": [assistant(x)], "label": x == c} for q, c, r in QUESTIONS for x in (c, r)
+    ],
+    "unpaired-text-prompt-repeated": [
+        {"prompt": q, "completion": [user(q), assistant(x)], "label": x == c} for q, c, r in QUESTIONS for x in (c, r)
+    ],
 }
 PROMPT_SHAPES = {
     "prompt-only-standard": [{"prompt": q} for q, _, _ in QUESTIONS],
@@ -108,11 +134,14 @@ def args_for(module, **kw):
 def test_every_preference_shape_encodes_as_its_explicit_form(llama, shape):
     """The implicit and repeated-prompt shapes give exactly the token ids of the explicit shape: one BOS (the
     template's), the prompt, and a completion ending in the template's <|eot_id|> (text: in the end token)."""
-    tokenizer = dpo_humanline.load_tokenizer(args_for(dpo_humanline, model_name_or_path=llama, dataset="x.jsonl",
-                                                      eval_prompts="none"))[0]
+    tokenizer = dpo_humanline.load_tokenizer(
+        args_for(dpo_humanline, model_name_or_path=llama, dataset="x.jsonl", eval_prompts="none")
+    )[0]
     encoded, cut = dpo_humanline.encode_rows(PREFERENCE_SHAPES[shape], tokenizer, args_for(dpo_humanline), "data.jsonl")
     explicit = "conversational" if "conversation" in shape else "standard"
-    expected = dpo_humanline.encode_rows(PREFERENCE_SHAPES[explicit], tokenizer, args_for(dpo_humanline), "data.jsonl")[0]
+    expected = dpo_humanline.encode_rows(PREFERENCE_SHAPES[explicit], tokenizer, args_for(dpo_humanline), "data.jsonl")[
+        0
+    ]
     if shape == "standard-implicit-prompt":  # text: the prompt ends at the last space the two completions share
         assert [(p + c, p + r) for p, (c, r), _ in encoded] == [(p + c, p + r) for p, (c, r), _ in expected]
         assert tokenizer.decode(encoded[5][0], skip_special_tokens=True) == QUESTIONS[5][0] + " It is"
@@ -124,14 +153,34 @@ def test_every_preference_shape_encodes_as_its_explicit_form(llama, shape):
     end = tokenizer.convert_tokens_to_ids(EOT if explicit == "conversational" else EOS)
     assert c[-1] == r[-1] == end and tokenizer.decode(c, skip_special_tokens=True).strip() == q[1].strip()
     if explicit == "conversational":
-        assert tokenizer.decode(p).endswith(f"user<|end_header_id|>\n\n{q[0]}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+        assert tokenizer.decode(p).endswith(
+            f"user<|end_header_id|>\n\n{q[0]}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
 
 
 def train(script, extra, out):
     """The real script in this process (runpy): two steps; returns the records of metrics.jsonl."""
     handler = signal.getsignal(signal.SIGTERM)
-    argv = [script, "--max_steps", "2", "--batch_size", "4", "--micro_batch_size", "2", "--eval_every", "0",
-            "--save_every", "0", "--max_length", "256", "--max_prompt_length", "128", *extra, "--output_dir", str(out)]
+    argv = [
+        script,
+        "--max_steps",
+        "2",
+        "--batch_size",
+        "4",
+        "--micro_batch_size",
+        "2",
+        "--eval_every",
+        "0",
+        "--save_every",
+        "0",
+        "--max_length",
+        "256",
+        "--max_prompt_length",
+        "128",
+        *extra,
+        "--output_dir",
+        str(out),
+    ]
     try:
         with mock.patch.object(sys, "argv", argv), contextlib.redirect_stdout(io.StringIO()):
             runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
@@ -141,28 +190,79 @@ def train(script, extra, out):
         return [json.loads(line) for line in f]
 
 
-CASES = [("dpo", s, PREFERENCE_SHAPES[s], []) for s in PREFERENCE_SHAPES] \
-    + [("kto", s, rows, []) for s, rows in UNPAIRED_SHAPES.items()] \
-    + [("kto", "conversational-implicit-prompt", PREFERENCE_SHAPES["conversational-implicit-prompt"], []),
-       ("grpo", "text-prompt-repeated-in-conversations", PREFERENCE_SHAPES["text-prompt-repeated-in-conversations"], [])] \
-    + [("grpo", s, rows, ["--online", "--num_generations", "4", "--max_new_tokens", "6", "--reward_funcs",
-                          "tests.faulty_rewards:solution_length" if "solution" in s else "tests.faulty_rewards:checksum"]
-        + (["--as_chat"] if s == "prompt-only-standard" else [])) for s, rows in PROMPT_SHAPES.items()] \
-    + [(a, "prompt-only-conversational", PROMPT_SHAPES["prompt-only-conversational"],
-        ["--online", "--round_size", "8", "--num_samples", "4", "--max_new_tokens", "6", "--reward_threshold", "0",
-         "--reward_model", "tests.faulty_rewards:length"]) for a in ("dpo", "kto")]
+CASES = (
+    [("dpo", s, PREFERENCE_SHAPES[s], []) for s in PREFERENCE_SHAPES]
+    + [("kto", s, rows, []) for s, rows in UNPAIRED_SHAPES.items()]
+    + [
+        ("kto", "conversational-implicit-prompt", PREFERENCE_SHAPES["conversational-implicit-prompt"], []),
+        (
+            "grpo",
+            "text-prompt-repeated-in-conversations",
+            PREFERENCE_SHAPES["text-prompt-repeated-in-conversations"],
+            [],
+        ),
+    ]
+    + [
+        (
+            "grpo",
+            s,
+            rows,
+            [
+                "--online",
+                "--num_generations",
+                "4",
+                "--max_new_tokens",
+                "6",
+                "--reward_funcs",
+                "tests.faulty_rewards:solution_length" if "solution" in s else "tests.faulty_rewards:checksum",
+            ]
+            + (["--as_chat"] if s == "prompt-only-standard" else []),
+        )
+        for s, rows in PROMPT_SHAPES.items()
+    ]
+    + [
+        (
+            a,
+            "prompt-only-conversational",
+            PROMPT_SHAPES["prompt-only-conversational"],
+            [
+                "--online",
+                "--round_size",
+                "8",
+                "--num_samples",
+                "4",
+                "--max_new_tokens",
+                "6",
+                "--reward_threshold",
+                "0",
+                "--reward_model",
+                "tests.faulty_rewards:length",
+            ],
+        )
+        for a in ("dpo", "kto")
+    ]
+)
 
 
-@pytest.mark.parametrize("algo, shape, rows, extra", CASES, ids=[f"{a}-{s}{'-online' if e else ''}" for a, s, _, e in CASES])
+@pytest.mark.parametrize(
+    "algo, shape, rows, extra", CASES, ids=[f"{a}-{s}{'-online' if e else ''}" for a, s, _, e in CASES]
+)
 def test_each_shape_trains_end_to_end(llama, tmp_path, algo, shape, rows, extra):
     data = write(tmp_path / "data.jsonl", rows)
-    records = train(f"{algo}_humanline.py", ["--model_name_or_path", llama, "--dataset", data, "--eval_prompts", "none",
-                                             "--humanline", *extra], tmp_path / "run")
+    records = train(
+        f"{algo}_humanline.py",
+        ["--model_name_or_path", llama, "--dataset", data, "--eval_prompts", "none", "--humanline", *extra],
+        tmp_path / "run",
+    )
     steps = [r for r in records if "loss" in r]
-    assert [r["step"] for r in steps] == [1, 2] and all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in steps), steps
+    assert [r["step"] for r in steps] == [1, 2] and all(
+        math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in steps
+    ), steps
     if extra:
         sampled = next(r for r in records if "online/round" in r and "online/reward" in r)
-        assert sampled["online/bad_rewards"] == 0 and sampled["online/truncated_completions"] > 0  # 6 tokens: most are cut
+        assert (
+            sampled["online/bad_rewards"] == 0 and sampled["online/truncated_completions"] > 0
+        )  # 6 tokens: most are cut
 
 
 def test_a_toy_named_file_is_a_file(tmp_path, monkeypatch):
@@ -180,10 +280,19 @@ def test_a_toy_named_file_is_a_file(tmp_path, monkeypatch):
 def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tmp_path, capsys):
     rows = PROMPT_SHAPES["prompt-only-conversational"] + [{"prompt": [user("A much longer question? " * 3)]}] * 2
     data = write(tmp_path / "prompts.jsonl", rows)
-    args = args_for(dpo_humanline, model_name_or_path=llama, dataset=data, eval_prompts="none", online=True, max_prompt_length=60)
+    args = args_for(
+        dpo_humanline, model_name_or_path=llama, dataset=data, eval_prompts="none", online=True, max_prompt_length=60
+    )
     tokenizer = dpo_humanline.load_tokenizer(args)[0]
-    lengths = [len(tokenizer(tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True),
-                             add_special_tokens=False)["input_ids"]) for r in rows]
+    lengths = [
+        len(
+            tokenizer(
+                tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        for r in rows
+    ]
     assert max(lengths[:-2]) <= 60 < min(lengths[-2:])  # the template's BOS counted once
     dpo_humanline.load_data(args, "prompts", tokenizer, None, SimpleNamespace(rank=0, world=1))
     assert ": {'prompts': 2} (cut to --max_prompt_length" in capsys.readouterr().out
@@ -193,15 +302,23 @@ def test_a_chat_template_that_renders_the_prompt_differently_is_an_error_naming_
     tokenizer = chat_tokenizer()
     tokenizer.chat_template = "{% if not add_generation_prompt %}#{% endif %}" + TEMPLATE
     rows = PREFERENCE_SHAPES["conversational"][:3]
-    with pytest.raises(SystemExit, match=r"data.jsonl: row 0, column 'chosen': the chat template renders the prompt differently"):
+    with pytest.raises(
+        SystemExit, match=r"data.jsonl: row 0, column 'chosen': the chat template renders the prompt differently"
+    ):
         dpo_humanline.encode_rows(rows, tokenizer, args_for(dpo_humanline), "data.jsonl")
 
 
-@pytest.mark.parametrize("row, match", [
-    ({"chosen": "same start", "rejected": "different"}, "row 0: missing column 'prompt'"),
-    ({"chosen": [user("q"), assistant("a")], "rejected": [user("other"), assistant("b")]}, "row 0: missing column 'prompt'"),
-    ({"prompt": [user("q")], "chosen": "text", "rejected": "text 2"}, "a text completion needs a text prompt"),
-])
+@pytest.mark.parametrize(
+    "row, match",
+    [
+        ({"chosen": "same start", "rejected": "different"}, "row 0: missing column 'prompt'"),
+        (
+            {"chosen": [user("q"), assistant("a")], "rejected": [user("other"), assistant("b")]},
+            "row 0: missing column 'prompt'",
+        ),
+        ({"prompt": [user("q")], "chosen": "text", "rejected": "text 2"}, "a text completion needs a text prompt"),
+    ],
+)
 def test_rows_whose_prompt_cannot_be_found_name_the_row(row, match):
     with pytest.raises(SystemExit, match=match):
         dpo_humanline.encode_rows([row], chat_tokenizer(), args_for(dpo_humanline), "data.jsonl")
@@ -210,12 +327,16 @@ def test_rows_whose_prompt_cannot_be_found_name_the_row(row, match):
 def test_sampled_completions_end_in_the_templates_end_token_or_are_cut(llama):
     """A random model samples nearly uniformly: some completions stop at <|eot_id|> or the end token (kept), the
     rest are cut at --max_new_tokens and have no end token; the cut ones are counted."""
-    tokenizer = dpo_humanline.load_tokenizer(args_for(dpo_humanline, model_name_or_path=llama, eval_prompts="none", dataset="x.jsonl"))[0]
+    tokenizer = dpo_humanline.load_tokenizer(
+        args_for(dpo_humanline, model_name_or_path=llama, eval_prompts="none", dataset="x.jsonl")
+    )[0]
     model = LlamaForCausalLM.from_pretrained(llama)
     with torch.no_grad():
         model.model.norm.weight.zero_()  # every logit 0: uniform sampling
     args = args_for(dpo_humanline, max_new_tokens=12, generation_batch_size=8, temperature=1.0, top_p=1.0)
-    prompts = [tokenizer.apply_chat_template([user(q)], tokenize=False, add_generation_prompt=True) for q, _, _ in QUESTIONS]
+    prompts = [
+        tokenizer.apply_chat_template([user(q)], tokenize=False, add_generation_prompt=True) for q, _, _ in QUESTIONS
+    ]
     ids = [dpo_humanline.prompt_ids(tokenizer, t) for t in prompts]
     assert all(p.count(tokenizer.bos_token_id) == 1 for p in ids)
     completions, finished = dpo_humanline.generate(model, tokenizer, ids, 8, args, greedy=False, seed=0)
@@ -228,9 +349,29 @@ def test_sampled_completions_end_in_the_templates_end_token_or_are_cut(llama):
 
 def test_online_dpo_counts_cut_completions_and_adds_no_end_token(llama, tmp_path):
     data = write(tmp_path / "prompts.jsonl", PROMPT_SHAPES["prompt-only-conversational"])
-    records = train("dpo_humanline.py", ["--model_name_or_path", llama, "--dataset", data, "--eval_prompts", "none", "--online",
-                                         "--round_size", "8", "--num_samples", "4", "--max_new_tokens", "3",
-                                         "--reward_threshold", "0", "--reward_model", "tests.faulty_rewards:length"], tmp_path / "run")
+    records = train(
+        "dpo_humanline.py",
+        [
+            "--model_name_or_path",
+            llama,
+            "--dataset",
+            data,
+            "--eval_prompts",
+            "none",
+            "--online",
+            "--round_size",
+            "8",
+            "--num_samples",
+            "4",
+            "--max_new_tokens",
+            "3",
+            "--reward_threshold",
+            "0",
+            "--reward_model",
+            "tests.faulty_rewards:length",
+        ],
+        tmp_path / "run",
+    )
     round_record = next(r for r in records if "online/round" in r and "online/pairs" in r)
     assert round_record["online/truncated_completions"] >= 28  # 32 samples of 3 tokens: nearly all cut
 
@@ -242,7 +383,9 @@ def test_the_reward_model_scores_the_template_once_with_one_bos_and_a_pad_token(
     rm.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     args = args_for(dpo_humanline, reward_model=str(tmp_path))
-    score = dpo_humanline.make_scorer(str(tmp_path), args, SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32))
+    score = dpo_humanline.make_scorer(
+        str(tmp_path), args, SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)
+    )
     prompts, completions = [[user("What is 1 plus 1?")], [user("Hi")]], ["It is 2.", "Hello there, how are you today?"]
     got = score(prompts, completions)
     for p, c, g in zip(prompts, completions, got):
@@ -266,17 +409,40 @@ def test_dropout_is_off_by_default_and_reference_free_equals_two_models_either_w
     losses = {}
     for keep in (False, True):
         for ref_free in ("on", "off"):
-            records = train("dpo_humanline.py", ["--model_name_or_path", str(tmp_path / "model"), "--dataset", data, "--eval_prompts",
-                                                 "none", "--humanline", "--ref_free", ref_free, "--learning_rate", "1e-3", "--beta", "1"]
-                            + (["--keep_dropout"] if keep else []), tmp_path / f"{ref_free}{keep}")
+            records = train(
+                "dpo_humanline.py",
+                [
+                    "--model_name_or_path",
+                    str(tmp_path / "model"),
+                    "--dataset",
+                    data,
+                    "--eval_prompts",
+                    "none",
+                    "--humanline",
+                    "--ref_free",
+                    ref_free,
+                    "--learning_rate",
+                    "1e-3",
+                    "--beta",
+                    "1",
+                ]
+                + (["--keep_dropout"] if keep else []),
+                tmp_path / f"{ref_free}{keep}",
+            )
             losses[ref_free, keep] = [r["loss"] for r in records if "loss" in r]
         assert losses["on", keep] == pytest.approx(losses["off", keep], rel=1e-6)
-    assert abs(losses["on", True][0] - losses["on", False][0]) > 1e-4  # the dropout noise: at step 1 the policy is its reference
+    assert (
+        abs(losses["on", True][0] - losses["on", False][0]) > 1e-4
+    )  # the dropout noise: at step 1 the policy is its reference
 
 
 @pytest.mark.parametrize("where", ["online", "eval"])
 def test_a_scorer_failing_on_every_sample_stops_the_run_with_its_own_error(tmp_path, where):
-    extra = ["--online", "--round_size", "8", "--max_new_tokens", "8"] if where == "online" else ["--eval_every", "1", "--num_eval_prompts", "4"]
+    extra = (
+        ["--online", "--round_size", "8", "--max_new_tokens", "8"]
+        if where == "online"
+        else ["--eval_every", "1", "--num_eval_prompts", "4"]
+    )
     with pytest.raises(SystemExit) as stopped:
         train("dpo_humanline.py", extra + ["--reward_model", "tests.faulty_rewards:always_raises"], tmp_path)
     message = stopped.value.code
@@ -285,10 +451,20 @@ def test_a_scorer_failing_on_every_sample_stops_the_run_with_its_own_error(tmp_p
 
 
 # the paper's per-variant settings (its Table 3): (objective, online, humanline) -> (learning rate, max grad norm)
-TABLE_3 = {("dpo", False, False): (5e-6, 1.0), ("dpo", False, True): (5e-6, 1.0), ("dpo", True, False): (2.5e-6, 0.5),
-           ("dpo", True, True): (2.5e-6, 1.0), ("kto", False, False): (5e-6, 1.0), ("kto", False, True): (5e-6, 4.0),
-           ("kto", True, False): (2.5e-6, 0.5), ("kto", True, True): (2.5e-6, 0.1), ("grpo", False, False): (5e-6, 1.0),
-           ("grpo", False, True): (5e-6, 1.0), ("grpo", True, False): (5e-6, 1.0), ("grpo", True, True): (5e-6, 0.5)}
+TABLE_3 = {
+    ("dpo", False, False): (5e-6, 1.0),
+    ("dpo", False, True): (5e-6, 1.0),
+    ("dpo", True, False): (2.5e-6, 0.5),
+    ("dpo", True, True): (2.5e-6, 1.0),
+    ("kto", False, False): (5e-6, 1.0),
+    ("kto", False, True): (5e-6, 4.0),
+    ("kto", True, False): (2.5e-6, 0.5),
+    ("kto", True, True): (2.5e-6, 0.1),
+    ("grpo", False, False): (5e-6, 1.0),
+    ("grpo", False, True): (5e-6, 1.0),
+    ("grpo", True, False): (5e-6, 1.0),
+    ("grpo", True, True): (5e-6, 0.5),
+}
 
 
 def commands():
@@ -307,7 +483,7 @@ def commands():
             if script and not any(w.startswith(("$", "<", "my_")) or w in ("--help", "--plan_only") for w in words):
                 i = words.index(script)
                 nproc = int(words[words.index("--nproc_per_node") + 1]) if "--nproc_per_node" in words[:i] else 1
-                found.append((where, script.split("_")[0], words[i + 1:], nproc))
+                found.append((where, script.split("_")[0], words[i + 1 :], nproc))
     return found
 
 
@@ -331,9 +507,13 @@ def parsed(algo, argv, world=1):
     def stop(args):
         raise Parsed(args)
 
-    with mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]), mock.patch.object(module, "setup", stop), \
-            mock.patch.dict(os.environ, {"WORLD_SIZE": str(world)}), mock.patch.object(memory_plan, "read_config", local_config), \
-            contextlib.redirect_stdout(io.StringIO()):
+    with (
+        mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]),
+        mock.patch.object(module, "setup", stop),
+        mock.patch.dict(os.environ, {"WORLD_SIZE": str(world)}),
+        mock.patch.object(memory_plan, "read_config", local_config),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         with pytest.raises(Parsed) as got:
             module.main()
     return got.value.args[0]
@@ -345,16 +525,25 @@ def planned(algo, argv, rows):
     module = SCRIPTS[algo]
 
     def data(args, kind, *_, **__):
-        return [] if kind == "eval" else [("p", ["c", "r"], [True, False]) if kind != "prompts" else {"prompt": "p"}] * rows
+        return (
+            []
+            if kind == "eval"
+            else [("p", ["c", "r"], [True, False]) if kind != "prompts" else {"prompt": "p"}] * rows
+        )
 
     def stop(args, *_):
         raise SystemExit(args)
 
     rt = SimpleNamespace(rank=0, world=1)
-    with mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]), mock.patch.object(module, "setup", lambda a: rt), \
-            mock.patch.object(module, "load_tokenizer", lambda a: (None, None)), mock.patch.object(module, "load_data", data), \
-            mock.patch.object(module, "load_model", stop), mock.patch.object(memory_plan, "read_config", local_config), \
-            contextlib.redirect_stdout(io.StringIO()) as printed:
+    with (
+        mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]),
+        mock.patch.object(module, "setup", lambda a: rt),
+        mock.patch.object(module, "load_tokenizer", lambda a: (None, None)),
+        mock.patch.object(module, "load_data", data),
+        mock.patch.object(module, "load_model", stop),
+        mock.patch.object(memory_plan, "read_config", local_config),
+        contextlib.redirect_stdout(io.StringIO()) as printed,
+    ):
         with pytest.raises(SystemExit) as got:
             module.main()
     return got.value.code, printed.getvalue()
@@ -381,7 +570,7 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
         if "meta-llama/Meta-Llama-3-8B-Instruct" in argv:  # one of the paper's instruction-following runs
             key = (algo, args.online, args.humanline)
             assert (args.learning_rate, args.max_grad_norm) == TABLE_3[key], f"{where}: {' '.join(argv)}"
-            # one pass: 10K pairs at 32 (DPO), 20K examples at 64 (KTO, GRPO); online 12,288 prompts, a pair each at most
+            # one pass: 10K pairs at 32 (DPO), 20K examples at 64 (KTO, GRPO); online 12,288 prompts, a pair each
             rows = int(re.fullmatch(r"train\[:(\d+)\]", args.dataset_split)[1])
             steps = planned(algo, argv, rows)[0].max_steps
             assert (rows, steps) == ((12288, 384) if args.online else (10000, 312)), f"{where}: {' '.join(argv)}"
@@ -391,8 +580,15 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
             papers.add(key)
         if "Qwen/Qwen2.5-1.5B-Instruct" in argv:  # the math run, with the authors' values where the paper is silent
             args = planned(algo, argv, 7500)[0]
-            assert (args.max_steps, args.beta, args.eps, args.kl_baseline, args.logps_temperature, args.advantage_std,
-                    args.lr_scheduler) == (1600, 1e-4, 0.2, "reference", 0.7, "sample", "constant"), where
+            assert (
+                args.max_steps,
+                args.beta,
+                args.eps,
+                args.kl_baseline,
+                args.logps_temperature,
+                args.advantage_std,
+                args.lr_scheduler,
+            ) == (1600, 1e-4, 0.2, "reference", 0.7, "sample", "constant"), where
         if world > 1:  # a GPU run: it fits an 80 GB GPU by the plan, in bf16
             args.precision = "bf16"
             with mock.patch.object(memory_plan, "read_config", local_config):
@@ -409,8 +605,10 @@ def test_a_batch_the_processes_do_not_divide_stops_at_start_up_naming_the_flags(
 
 def plan_table():
     """docs/paper-runs.md's table of the memory plan per GPU for each of the paper's runs (8 processes, bf16)."""
-    lines = ["| run (command above) | sharded states | + training | + generation | + scoring | peak per GPU (GiB) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| run (command above) | sharded states | + training | + generation | + scoring | peak per GPU (GiB) |",
+        "|---|---|---|---|---|---|",
+    ]
     seen = set()
     for where, algo, argv, world in commands():
         if world < 8 or where != os.path.join("docs", "paper-runs.md"):
@@ -424,8 +622,10 @@ def plan_table():
         with mock.patch.object(memory_plan, "read_config", local_config):
             rows = memory_plan.plan(args, algo, world)
         phase = {p: sum(v for _, v, q in rows if q == p) / 2**30 for p in ("both", "train", "generate", "score")}
-        lines.append(f"| {name} | {phase['both']:.1f} | {phase['train']:.1f} | {phase['generate']:.1f} | "
-                     f"{phase['score']:.1f} | {memory_plan.peak(rows) / 2**30:.1f} |")
+        lines.append(
+            f"| {name} | {phase['both']:.1f} | {phase['train']:.1f} | {phase['generate']:.1f} | "
+            f"{phase['score']:.1f} | {memory_plan.peak(rows) / 2**30:.1f} |"
+        )
     return lines
 
 

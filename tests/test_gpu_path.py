@@ -14,8 +14,13 @@ from unittest import mock
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
-                          LlamaForSequenceClassification)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+)
 
 import dpo_humanline as dpo
 import memory_plan
@@ -35,8 +40,11 @@ def toy_batch(toy, n=8):
     tok = AutoTokenizer.from_pretrained(toy.model)
     with open(toy.offline["strong"]) as f:
         rows = [json.loads(line) for line in f][:n]
-    seqs = [(tok(r["prompt"])["input_ids"], tok(r[c] + tok.eos_token, add_special_tokens=False)["input_ids"])
-            for r in rows for c in ("chosen", "rejected")]
+    seqs = [
+        (tok(r["prompt"])["input_ids"], tok(r[c] + tok.eos_token, add_special_tokens=False)["input_ids"])
+        for r in rows
+        for c in ("chosen", "rejected")
+    ]
     return dpo.collate(seqs, tok.pad_token_id, torch.device("cpu"))
 
 
@@ -70,8 +78,9 @@ def test_token_logps_at_a_temperature_are_the_log_softmax_of_the_logits_over_it(
 
 @pytest.mark.parametrize("scheduler", ["linear", "constant"])
 def test_the_learning_rate_warms_up_then_decays_or_holds(scheduler):
-    args = SimpleNamespace(learning_rate=1.0, adam_eps=1e-8, weight_decay=0.0, warmup_ratio=0.2, max_steps=10,
-                           lr_scheduler=scheduler)
+    args = SimpleNamespace(
+        learning_rate=1.0, adam_eps=1e-8, weight_decay=0.0, warmup_ratio=0.2, max_steps=10, lr_scheduler=scheduler
+    )
     optimizer, schedule = dpo.make_optimizer(torch.nn.Linear(1, 1), args)
     rates = []
     for _ in range(10):
@@ -79,7 +88,9 @@ def test_the_learning_rate_warms_up_then_decays_or_holds(scheduler):
         optimizer.step()
         schedule.step()
     # warmup: int(0.2 x 10) = 2 steps, s + 1 over 2; then (10 - s) / 8 or 1
-    assert rates == ([0.5] + [1.0] * 9 if scheduler == "constant" else [0.5, 1.0, 1.0] + [(10 - s) / 8 for s in range(3, 10)])
+    assert rates == (
+        [0.5] + [1.0] * 9 if scheduler == "constant" else [0.5, 1.0, 1.0] + [(10 - s) / 8 for s in range(3, 10)]
+    )
 
 
 def saved_tensors(fn):
@@ -92,8 +103,16 @@ def saved_tensors(fn):
 
 def small_llama(vocab=4096, layers=2, tied=False, **kw):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied, **kw)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        **kw,
+    )
     return LlamaForCausalLM(config).train(), config
 
 
@@ -116,8 +135,12 @@ def test_the_log_prob_step_keeps_no_fp32_tensor_with_a_vocabulary_axis_per_posit
 def bytes_per_token(model, tokens=512):
     ids = torch.randint(0, model.config.vocab_size, (2, tokens // 2))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved_tensors(
-        lambda: model(input_ids=ids, use_cache=False, output_hidden_states=True, logits_to_keep=1))}
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in saved_tensors(
+            lambda: model(input_ids=ids, use_cache=False, output_hidden_states=True, logits_to_keep=1)
+        )
+    }
     return sum(n for ptr, n in storages.items() if ptr not in params) / tokens
 
 
@@ -146,13 +169,27 @@ def fsdp_results(tmp_path_factory):
     """One 2-process FSDP2 run (gloo) of tests/gpu_path_helper.py on a 63M-parameter untied Llama."""
     tmp = tmp_path_factory.mktemp("fsdp")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=8000, hidden_size=512, intermediate_size=1536, num_hidden_layers=16,
-                         num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False, pad_token_id=0,
-                         eos_token_id=1, max_position_embeddings=256)
+    config = LlamaConfig(
+        vocab_size=8000,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=16,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        max_position_embeddings=256,
+    )
     LlamaForCausalLM(config).save_pretrained(tmp / "model")
     AutoTokenizer.from_pretrained(os.path.join(ROOT, "toy", "model")).save_pretrained(tmp / "model")
-    proc = subprocess.run([*TORCHRUN, HELPER, "fsdp", str(tmp / "model"), str(tmp / "out.json")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [*TORCHRUN, HELPER, "fsdp", str(tmp / "model"), str(tmp / "out.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((tmp / f"out.json.rank{r}").read_text()) for r in (0, 1)]
 
@@ -199,18 +236,41 @@ def untied_toy(tmp_path_factory, toy):
     return out
 
 
-def test_under_bf16_the_log_ratio_humanline_trains_on_stays_near_the_fp32_one_and_the_fp32_head_matters(untied_toy,
-                                                                                                        tmp_path):
+def test_under_bf16_the_log_ratio_humanline_trains_on_stays_near_the_fp32_one_and_the_fp32_head_matters(
+    untied_toy, tmp_path
+):
     """Two processes, offline + humanline GRPO (k = 1): the step-2 mean |token log-ratio| (policy after one update
     against the reference before it, ~1.7e-3) in bf16 against fp32. Measured: 1.20x fp32 with AVX-512 and 1.34x on
     torch's plain code path (ATEN_CPU_CAPABILITY=default), the rest being bf16's rounding of the weights; with the
     head in bf16 too, 1.8x and 2.2x."""
+
     def abs_log_ratio(*flags):
         out = tmp_path / "-".join(flags)
-        proc = subprocess.run([*TORCHRUN, "grpo_humanline.py", "--offline", "--humanline", "--model_name_or_path",
-                               str(untied_toy), "--max_steps", "2", "--batch_size", "16", "--eval_prompts", "none",
-                               "--save_every", "0", *flags, "--output_dir", str(out)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                *TORCHRUN,
+                "grpo_humanline.py",
+                "--offline",
+                "--humanline",
+                "--model_name_or_path",
+                str(untied_toy),
+                "--max_steps",
+                "2",
+                "--batch_size",
+                "16",
+                "--eval_prompts",
+                "none",
+                "--save_every",
+                "0",
+                *flags,
+                "--output_dir",
+                str(out),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         with open(out / "metrics.jsonl") as f:
             return [json.loads(line)["ratio/abs_log"] for line in f][1]
@@ -223,9 +283,17 @@ def test_under_bf16_the_log_ratio_humanline_trains_on_stays_near_the_fp32_one_an
 
 def test_reward_models_score_in_batches_and_running_out_of_memory_names_the_flag(tmp_path, toy):
     torch.manual_seed(0)
-    rm = LlamaForSequenceClassification(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
-                                                    num_hidden_layers=1, num_attention_heads=2, num_labels=1,
-                                                    pad_token_id=0))
+    rm = LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_labels=1,
+            pad_token_id=0,
+        )
+    )
     rm.save_pretrained(tmp_path / "rm")
     AutoTokenizer.from_pretrained(toy.model).save_pretrained(tmp_path / "rm")
     args = dpo.Args(reward_batch_size=3)
@@ -243,8 +311,9 @@ def test_reward_models_score_in_batches_and_running_out_of_memory_names_the_flag
     with mock.patch.object(LlamaForSequenceClassification, "forward", side_effect=torch.OutOfMemoryError("CUDA")):
         with pytest.raises(SystemExit) as stopped:  # not a bad sample to retry one at a time: a one-line stop
             dpo.score_samples("rm", score, ["1+1="] * 7, ["2"] * 7, {})
-    assert stopped.value.code == (f"{tmp_path / 'rm'}: out of memory scoring 3 sequences at once; "
-                                  "lower --reward_batch_size")
+    assert stopped.value.code == (
+        f"{tmp_path / 'rm'}: out of memory scoring 3 sequences at once; lower --reward_batch_size"
+    )
 
 
 def test_generate_calls_hold_at_most_generation_batch_size_sequences(toy):
@@ -267,30 +336,79 @@ def test_checkpoints_are_written_in_the_models_dtype_rotated_and_the_final_model
     AutoModelForCausalLM.from_pretrained(toy.model, dtype=torch.bfloat16).save_pretrained(bf16)
     AutoTokenizer.from_pretrained(toy.model).save_pretrained(bf16)
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "dpo_humanline.py", "--model_name_or_path", str(bf16), "--max_steps", "3",
-                           "--batch_size", "8", "--eval_prompts", "none", "--save_every", "1",
-                           "--save_total_limit", "2",
-                           "--output_dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "dpo_humanline.py",
+            "--model_name_or_path",
+            str(bf16),
+            "--max_steps",
+            "3",
+            "--batch_size",
+            "8",
+            "--eval_prompts",
+            "none",
+            "--save_every",
+            "1",
+            "--save_total_limit",
+            "2",
+            "--output_dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
     with safe_open(out / "model.safetensors", "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     assert os.path.samefile(out / "model.safetensors", out / "checkpoint-3" / "model.safetensors")  # one write
     trained = AutoModelForCausalLM.from_pretrained(out)
-    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(),
-                                                      AutoModelForCausalLM.from_pretrained(bf16).parameters()))
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(trained.parameters(), AutoModelForCausalLM.from_pretrained(bf16).parameters())
+    )
 
 
 PEAK_SHAPES = {  # Llama shapes and the flags of a DPO step: ~45M parameters, 512-768 tokens per forward
-    "untied, 8 layers": (dict(vocab_size=16000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                              num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False),
-                         dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=False)),
-    "GQA, checkpointed": (dict(vocab_size=8000, hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
-                               num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False),
-                          dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=True)),
-    "tied, wide MLP": (dict(vocab_size=8000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
-                            num_attention_heads=16, num_key_value_heads=16, tie_word_embeddings=True),
-                       dict(batch_size=2, micro_batch_size=2, max_length=192, gradient_checkpointing=False)),
+    "untied, 8 layers": (
+        dict(
+            vocab_size=16000,
+            hidden_size=512,
+            intermediate_size=1536,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            tie_word_embeddings=False,
+        ),
+        dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=False),
+    ),
+    "GQA, checkpointed": (
+        dict(
+            vocab_size=8000,
+            hidden_size=768,
+            intermediate_size=2048,
+            num_hidden_layers=6,
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            tie_word_embeddings=False,
+        ),
+        dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=True),
+    ),
+    "tied, wide MLP": (
+        dict(
+            vocab_size=8000,
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=2,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            tie_word_embeddings=True,
+        ),
+        dict(batch_size=2, micro_batch_size=2, max_length=192, gradient_checkpointing=False),
+    ),
 }
 
 
@@ -301,23 +419,54 @@ def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, tmp_pat
     malloc keeps a fixed mmap threshold, so that freed tensors leave the resident set as they would leave a GPU."""
     config, flags = PEAK_SHAPES[name]
     shape = json.dumps({"config": config, "flags": {**flags, "precision": "fp32"}})
-    proc = subprocess.run([sys.executable, HELPER, "peak", shape, str(tmp_path / "out.json")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072"))
+    proc = subprocess.run(
+        [sys.executable, HELPER, "peak", shape, str(tmp_path / "out.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads((tmp_path / "out.json").read_text())
     assert got["planned"] == pytest.approx(got["measured"], rel=0.2), got
 
 
-@pytest.mark.parametrize("script, flags", [
-    ("dpo_humanline.py", ["--online", "--round_size", "16", "--num_samples", "4"]),
-    ("grpo_humanline.py", ["--online", "--num_generations", "4", "--humanline"])])
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        ("dpo_humanline.py", ["--online", "--round_size", "16", "--num_samples", "4"]),
+        ("grpo_humanline.py", ["--online", "--num_generations", "4", "--humanline"]),
+    ],
+)
 def test_one_process_samples_trains_and_evaluates_under_bf16_autocast(script, flags, tmp_path):
     """The single-GPU path (autocast, no FSDP2) taken on a CPU: sampling, scoring, training and evaluation in bf16
     run, and the log-probs and losses they give are finite."""
-    proc = subprocess.run([sys.executable, script, *flags, "--precision", "bf16", "--max_steps", "2", "--batch_size",
-                           "8", "--eval_every", "0", "--num_eval_prompts", "16", "--save_every", "0", "--output_dir",
-                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            script,
+            *flags,
+            "--precision",
+            "bf16",
+            "--max_steps",
+            "2",
+            "--batch_size",
+            "8",
+            "--eval_every",
+            "0",
+            "--num_eval_prompts",
+            "16",
+            "--save_every",
+            "0",
+            "--output_dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(tmp_path / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]

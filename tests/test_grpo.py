@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import toy_task
 from grpo_humanline import (
     Args,
     best_worst_pairs,
@@ -30,7 +31,6 @@ from grpo_humanline import (
     sample_and_score,
     token_logps,
 )
-import toy_task
 from math_rewards import accuracy_reward, format_reward, tag_count_reward
 from math_rewards import default_weights as default_reward_weights
 
@@ -233,7 +233,9 @@ def test_token_normalisation_across_micro_batches_and_ranks_equals_one_batch():
     for rank, micros in parts.items():
         p.grad = None
         for rows in micros:
-            loss, _ = grpo_loss(p[rows], ref[rows], base[rows], mask[rows], adv[rows], EPS, BETA, LO, HI, num_tokens=n_tokens)
+            loss, _ = grpo_loss(
+                p[rows], ref[rows], base[rows], mask[rows], adv[rows], EPS, BETA, LO, HI, num_tokens=n_tokens
+            )
             (loss * world).backward()  # the script's scaling: FSDP2 then averages over ranks
             total += loss.item()
         grads.append(p.grad.clone())
@@ -241,8 +243,14 @@ def test_token_normalisation_across_micro_batches_and_ranks_equals_one_batch():
     torch.testing.assert_close(sum(grads) / world, big_p.grad, rtol=1e-12, atol=1e-15)
 
     # a per-micro-batch mean would weigh tokens differently: the test can tell
-    naive = sum(grpo_loss(pol[r], ref[r], base[r], mask[r], adv[r], EPS, BETA, LO, HI)[0].item()
-                for micros in parts.values() for r in micros) / 4
+    naive = (
+        sum(
+            grpo_loss(pol[r], ref[r], base[r], mask[r], adv[r], EPS, BETA, LO, HI)[0].item()
+            for micros in parts.values()
+            for r in micros
+        )
+        / 4
+    )
     assert naive != pytest.approx(big.item(), rel=1e-3)
 
 
@@ -254,14 +262,26 @@ GOOD = "<think>\nadd them\n</think>\n<answer>\n42\n</answer>"
 
 
 def test_tag_count_reward():
-    completions = [GOOD, "<think>\nabc\n</think>\n42", "<think>\n<think>\nx\n</think>\n<answer>\n1\n</answer>", "42", ""]
+    completions = [
+        GOOD,
+        "<think>\nabc\n</think>\n42",
+        "<think>\n<think>\nx\n</think>\n<answer>\n1\n</answer>",
+        "42",
+        "",
+    ]
     assert tag_count_reward(None, completions) == [1.0, 0.5, 0.75, 0.0, 0.0]
     assert tag_count_reward(None, [[{"role": "assistant", "content": GOOD}]]) == [1.0]
 
 
 def test_format_reward():
-    completions = [GOOD, GOOD + "\n", "<think>add</think><answer>42</answer>", "so " + GOOD, GOOD + " and more",
-                   "<think>\na\nb\n</think>\n<answer>\n\\boxed{1}\n</answer>"]
+    completions = [
+        GOOD,
+        GOOD + "\n",
+        "<think>add</think><answer>42</answer>",
+        "so " + GOOD,
+        GOOD + " and more",
+        "<think>\na\nb\n</think>\n<answer>\n\\boxed{1}\n</answer>",
+    ]
     assert format_reward(None, completions) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
 
 
@@ -354,8 +374,14 @@ def test_sync_every_3_copies_pre_or_post_update(sync):
 def test_group_sequences_lays_out_groups_with_their_advantages():
     groups = [([1], [[2], [3], [4]], [1.0, 0.0, 0.0]), ([5], [[6], [7], [8]], [2.0, 2.0, 2.0])]
     seqs = group_sequences(groups)
-    assert [(p, c, r) for p, c, _, r in seqs] == [([1], [2], 1.0), ([1], [3], 0.0), ([1], [4], 0.0),
-                                                     ([5], [6], 2.0), ([5], [7], 2.0), ([5], [8], 2.0)]
+    assert [(p, c, r) for p, c, _, r in seqs] == [
+        ([1], [2], 1.0),
+        ([1], [3], 0.0),
+        ([1], [4], 0.0),
+        ([5], [6], 2.0),
+        ([5], [7], 2.0),
+        ([5], [8], 2.0),
+    ]
     assert [a for _, _, a, _ in seqs] == pytest.approx([math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 0, 0, 0])
     pairs = group_sequences([([1], [[2], [3]], [1.0, 0.0])])
     assert [s[2] for s in pairs] == [1.0, -1.0]
@@ -380,14 +406,31 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
     in the micro-batches training uses (this process's share), so that the first ratio after sampling is exactly 1."""
     model, tok = toy_model
     args = Args(batch_size=4, micro_batch_size=2, max_steps=10, sync="none")
-    texts = [("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"), ("100+200=", "0+0+0=00;0+0+0=00;1+2+0=03>0300"),
-             ("555+555=", "5+5+0=10"), ("999+1=", "9+1+0=10;9+0+1=10>1000"), ("1+1=", "2"), ("2+2=", "4")] * 2
-    seqs = [(tok(p)["input_ids"], tok(c + tok.eos_token)["input_ids"], 1.0, 1.0) for p, c in texts][:8]  # two steps of 4
-    rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False),
-                         head_dtype=torch.float32, logps_temperature=1.0)
+    texts = [
+        ("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"),
+        ("100+200=", "0+0+0=00;0+0+0=00;1+2+0=03>0300"),
+        ("555+555=", "5+5+0=10"),
+        ("999+1=", "9+1+0=10;9+0+1=10>1000"),
+        ("1+1=", "2"),
+        ("2+2=", "4"),
+    ] * 2
+    seqs = [(tok(p)["input_ids"], tok(c + tok.eos_token)["input_ids"], 1.0, 1.0) for p, c in texts][
+        :8
+    ]  # two steps of 4
+    rt = SimpleNamespace(
+        rank=rank,
+        world=world,
+        device=torch.device("cpu"),
+        autocast=torch.autocast("cpu", enabled=False),
+        head_dtype=torch.float32,
+        logps_temperature=1.0,
+    )
     state = SimpleNamespace(step=3, round_start=3, ref_ahead={}, ref_weights=None)
-    step_batch = lambda s: seqs[(s - 3) * 4: (s - 2) * 4] if s - 3 < 2 else None  # noqa: E731 (the buffer: steps 3, 4)
-    forwards = lambda batch, args, rank, world: [(m, [x[:2] for x in m]) for m in micro_batches(batch, args, rank, world)]  # noqa: E731
+    step_batch = lambda s: seqs[(s - 3) * 4 : (s - 2) * 4] if s - 3 < 2 else None  # noqa: E731 (the buffer: steps 3, 4)
+
+    def forwards(batch, args, rank, world):
+        return [(m, [x[:2] for x in m]) for m in micro_batches(batch, args, rank, world)]
+
     reference_ahead(model.train(), state, 3, step_batch, forwards, tok, args, rt)
     assert sorted(state.ref_ahead) == [3, 4] and model.training
     for s in (3, 4):
@@ -414,11 +457,20 @@ def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):
     groups, record = sample_and_score(model, tok, reward_fns, rows, 3, args, 1, rt)
     assert seen["solution"] == ["912"] * 3 + ["300"] * 3  # the other columns reach the reward functions
     scores = [1.0 + 8.0 * k for k in range(6)]
-    assert [(g[0], g[1], g[3], len(g[2])) for g in groups] == [(rows[0], tok("123+789=")["input_ids"], scores[:3], 3),
-                                                               (rows[1], tok("100+200=")["input_ids"], scores[3:], 3)]
-    assert record == {"online/reward": sum(scores) / 6, "online/bad_rewards": 0, "online/truncated_completions": 0,
-                      "online/ones": 1.0, "online/count": 15 / 6}
-    pairs = best_worst_pairs([g[1:] for g in groups], 0.5)  # best and worst of each prompt's 3 samples (unless identical), raw scores
+    assert [(g[0], g[1], g[3], len(g[2])) for g in groups] == [
+        (rows[0], tok("123+789=")["input_ids"], scores[:3], 3),
+        (rows[1], tok("100+200=")["input_ids"], scores[3:], 3),
+    ]
+    assert record == {
+        "online/reward": sum(scores) / 6,
+        "online/bad_rewards": 0,
+        "online/truncated_completions": 0,
+        "online/ones": 1.0,
+        "online/count": 15 / 6,
+    }
+    pairs = best_worst_pairs(
+        [g[1:] for g in groups], 0.5
+    )  # best and worst of each prompt's 3 samples (unless identical), raw scores
     assert len(pairs) <= 2
     for p, (best, worst), pair_scores in pairs:
         i = [g[1] for g in groups].index(p)
@@ -431,10 +483,25 @@ def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):
 # ----------------------------------------------------------------------------------------------
 
 STEPS = 3
-BASE_ARGS = ["--max_steps", str(STEPS), "--batch_size", "8", "--eval_every", "0", "--num_eval_prompts", "16",
-             "--num_generations", "4", "--save_every", "0"]
-ENV = {k: v for k, v in os.environ.items()
-       if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+BASE_ARGS = [
+    "--max_steps",
+    str(STEPS),
+    "--batch_size",
+    "8",
+    "--eval_every",
+    "0",
+    "--num_eval_prompts",
+    "16",
+    "--num_generations",
+    "4",
+    "--save_every",
+    "0",
+]
+ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+}
 ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -446,7 +513,8 @@ class Run:
 
     def check(self):
         assert self.proc.returncode == 0, (
-            f"{' '.join(self.cmd)}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}")
+            f"{' '.join(self.cmd)}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}"
+        )
         return self
 
     @property
@@ -472,9 +540,21 @@ def grpo_run(toy, tmp_path_factory):
         key = (tuple(extra), nproc, micro)
         if key not in cache:
             out = tmp_path_factory.mktemp("grpo")
-            launcher = [sys.executable] if nproc == 1 else [
-                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-            cmd = [*launcher, "grpo_humanline.py", *BASE_ARGS, "--micro_batch_size", str(micro), *extra, "--output_dir", str(out)]
+            launcher = (
+                [sys.executable]
+                if nproc == 1
+                else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+            )
+            cmd = [
+                *launcher,
+                "grpo_humanline.py",
+                *BASE_ARGS,
+                "--micro_batch_size",
+                str(micro),
+                *extra,
+                "--output_dir",
+                str(out),
+            ]
             proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
             cache[key] = Run(cmd, str(out), proc)
         return cache[key]
@@ -520,7 +600,9 @@ def test_end_to_end(name, grpo_run):
     if name == "online-pairs":
         assert args["reward_funcs"] == "toy" and all(0 < r["online/kept_frac"] <= 1 for r in run.rounds)
     elif name.startswith("online"):
-        assert args["reward_funcs"] == "toy_verify" and all(r["online/groups"] == 2 * int(args["sample_every"]) for r in run.rounds)
+        assert args["reward_funcs"] == "toy_verify" and all(
+            r["online/groups"] == 2 * int(args["sample_every"]) for r in run.rounds
+        )
     if name == "online-humanline-sync_every_2":
         # the denominator is the synced reference, not the sampler: step 2 (fresh samples, reference still the
         # starting policy) sees a ratio != 1
@@ -554,10 +636,24 @@ def test_resume_restores_the_sample_buffer_and_the_learning_rate(grpo_run, tmp_p
     shutil.copytree(full.out, out)
     for step in (4, 5):
         shutil.rmtree(out / f"checkpoint-{step}")
-    cmd = [sys.executable, "grpo_humanline.py", *BASE_ARGS, "--micro_batch_size", "4", *EVERY_4, "--resume", "--output_dir", str(out)]
-    resumed = Run(cmd, str(out), subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)).check()
+    cmd = [
+        sys.executable,
+        "grpo_humanline.py",
+        *BASE_ARGS,
+        "--micro_batch_size",
+        "4",
+        *EVERY_4,
+        "--resume",
+        "--output_dir",
+        str(out),
+    ]
+    resumed = Run(
+        cmd, str(out), subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    ).check()
     assert "resumed from" in resumed.proc.stdout and "checkpoint-2" in resumed.proc.stdout
-    assert resumed.records[: len(resumed.records) - 4] == [r for r in full.records if r["step"] <= 2]  # kept as they were
+    assert resumed.records[: len(resumed.records) - 4] == [
+        r for r in full.records if r["step"] <= 2
+    ]  # kept as they were
     new = [r for r in resumed.records if r["step"] > 2]
     # steps 3 and 4 train on the restored buffer (with its sampler log-probs), then a new round is sampled
     assert [r["step"] for r in new] == [3, 4, 4, 5] and "online/reward" in new[2]
@@ -597,9 +693,27 @@ def test_the_loop_gives_the_loss_its_kl_coefficient_and_clip(flags, beta, eps, t
         return real(*a, **kw)
 
     monkeypatch.setattr(grpo_humanline, "grpo_loss", spy)
-    monkeypatch.setattr(sys, "argv", ["grpo_humanline.py", "--humanline", "--max_steps", "2", "--batch_size", "8",
-                                      "--micro_batch_size", "4", "--eval_prompts", "none", "--save_every", "0", *flags,
-                                      "--output_dir", str(tmp_path)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "grpo_humanline.py",
+            "--humanline",
+            "--max_steps",
+            "2",
+            "--batch_size",
+            "8",
+            "--micro_batch_size",
+            "4",
+            "--eval_prompts",
+            "none",
+            "--save_every",
+            "0",
+            *flags,
+            "--output_dir",
+            str(tmp_path),
+        ],
+    )
     handler = signal.getsignal(signal.SIGTERM)
     try:
         grpo_humanline.main()

@@ -5,12 +5,7 @@ import math
 import pytest
 import torch
 
-from humanline_sampling import (
-    _log_beta,
-    apply_humanline_sampling,
-    limit_parameters,
-    rejection_mask,
-)
+from humanline_sampling import _log_beta, apply_humanline_sampling, limit_parameters, rejection_mask
 
 torch.set_num_threads(1)
 N = 200_000
@@ -29,8 +24,7 @@ def assert_rate(observed: float, expected: float, n: int = N) -> None:
 
 
 @pytest.mark.parametrize(
-    "gamma, rho, M",
-    [(0.3, 0.05, 1.0), (0.61, 0.5, 2.0), (1.0, 0.3, 1.0), (2.0, 1.5, 2.0), (0.01, 1e-3, 1.0)],
+    "gamma, rho, M", [(0.3, 0.05, 1.0), (0.61, 0.5, 2.0), (1.0, 0.3, 1.0), (2.0, 1.5, 2.0), (0.01, 1e-3, 1.0)]
 )
 def test_policy_side_acceptance_is_power_of_ratio(gamma, rho, M):
     # Prop. 4.1: with B ~ Beta(gamma, 1) a token is kept with probability (rho / M)^gamma.
@@ -114,8 +108,9 @@ def test_generator_makes_draws_reproducible():
     params = limit_parameters(math.exp(LOG_EPS_P), math.exp(LOG_EPS_R), c=20.0)
 
     def draw(seed):
-        return rejection_mask(log_ratio, torch.zeros_like(log_ratio), *params,
-                              generator=torch.Generator().manual_seed(seed))
+        return rejection_mask(
+            log_ratio, torch.zeros_like(log_ratio), *params, generator=torch.Generator().manual_seed(seed)
+        )
 
     global_state = torch.get_rng_state()
     assert torch.equal(draw(0), draw(0))

@@ -38,12 +38,19 @@ DESIRABLE = [True, False, True]
 
 def loss_inputs(requires_grad=False):
     policy = torch.tensor(POLICY, dtype=torch.float64, requires_grad=requires_grad)
-    return policy, torch.tensor(REF, dtype=torch.float64), torch.tensor(MASK, dtype=torch.float64), torch.tensor(DESIRABLE)
+    return (
+        policy,
+        torch.tensor(REF, dtype=torch.float64),
+        torch.tensor(MASK, dtype=torch.float64),
+        torch.tensor(DESIRABLE),
+    )
 
 
 def expected_losses(r, kl, beta, lambda_D, lambda_U):
-    return [lambda_D * (1 - sigmoid(beta * (ri - kl))) if d else lambda_U * (1 - sigmoid(beta * (kl - ri)))
-            for ri, d in zip(r, DESIRABLE)]
+    return [
+        lambda_D * (1 - sigmoid(beta * (ri - kl))) if d else lambda_U * (1 - sigmoid(beta * (kl - ri)))
+        for ri, d in zip(r, DESIRABLE)
+    ]
 
 
 @pytest.mark.parametrize("clamp", [False, True])
@@ -56,7 +63,9 @@ def test_kto_loss_matches_hand_computed_values(clamp):
     assert losses.tolist() == pytest.approx(expected_losses(r, 0.3, 0.25, 1.1, 1.0), rel=1e-12)
     assert metrics["rewards/chosen"].mean().item() == pytest.approx(0.25 * (r[0] + r[2]) / 2)
     assert metrics["rewards/rejected"].mean().item() == pytest.approx(0.25 * r[1])
-    assert metrics["rewards/margins"].tolist() == pytest.approx([0.25 * (r[0] - 0.3), 0.25 * (0.3 - r[1]), 0.25 * (r[2] - 0.3)])
+    assert metrics["rewards/margins"].tolist() == pytest.approx(
+        [0.25 * (r[0] - 0.3), 0.25 * (0.3 - r[1]), 0.25 * (r[2] - 0.3)]
+    )
     assert metrics["rewards/accuracies"].tolist() == [0.0, 0.0, 0.0]
     assert metrics["kl"].item() == pytest.approx(0.3)
 
@@ -89,7 +98,9 @@ def test_clamped_tokens_get_no_gradient():
     inside = [(0, 0), (0, 1), (1, 0), (1, 1), (2, 2)]
     for clamp in (False, True):
         policy, ref, mask, desirable = loss_inputs(requires_grad=True)
-        losses, _ = kto.kto_loss(policy, ref, mask, desirable, 0.3, 0.25, 1.1, 1.0, *((-1.5, 1.5) if clamp else (None, None)))
+        losses, _ = kto.kto_loss(
+            policy, ref, mask, desirable, 0.3, 0.25, 1.1, 1.0, *((-1.5, 1.5) if clamp else (None, None))
+        )
         losses.sum().backward()
         assert all(policy.grad[i, j] != 0 for i, j in inside)
         assert all((policy.grad[i, j] == 0) == clamp for i, j in outside)
@@ -172,18 +183,26 @@ def decoded(tok, examples):
 
 
 def test_unpaired_rows_give_one_example_each(tok):
-    rows = [{"prompt": "12+34=", "completion": "46", "label": True},
-            {"prompt": "1+1=", "completion": "3", "label": False}]
+    rows = [
+        {"prompt": "12+34=", "completion": "46", "label": True},
+        {"prompt": "1+1=", "completion": "3", "label": False},
+    ]
     examples, _ = encode_examples(rows, tok, ARGS)
     assert decoded(tok, examples) == [("12+34=", "46<eos>", True), ("1+1=", "3<eos>", False)]
 
 
 def test_preference_rows_split_into_desirable_and_undesirable(tok):
-    rows = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"},
-            {"prompt": "2+2=", "chosen": "4", "rejected": "5", "completion": None, "label": None}]  # union of columns
+    rows = [
+        {"prompt": "1+1=", "chosen": "2", "rejected": "3"},
+        {"prompt": "2+2=", "chosen": "4", "rejected": "5", "completion": None, "label": None},
+    ]  # union of columns
     examples, _ = encode_examples(rows, tok, ARGS)
-    assert decoded(tok, examples) == [("1+1=", "2<eos>", True), ("1+1=", "3<eos>", False),
-                                      ("2+2=", "4<eos>", True), ("2+2=", "5<eos>", False)]
+    assert decoded(tok, examples) == [
+        ("1+1=", "2<eos>", True),
+        ("1+1=", "3<eos>", False),
+        ("2+2=", "4<eos>", True),
+        ("2+2=", "5<eos>", False),
+    ]
 
 
 @pytest.mark.parametrize("label", [1, "yes", 0.0])
@@ -240,11 +259,32 @@ def test_sync_every_3_syncs_at_steps_2_and_5():
 
 # --- end to end --------------------------------------------------------------------------------
 
-SMALL = ["--max_steps", "3", "--batch_size", "8", "--micro_batch_size", "4", "--eval_every", "0",
-         "--num_eval_prompts", "16", "--round_size", "16", "--num_samples", "4", "--save_every", "0"]
-MODES = {"offline": [], "offline-humanline": ["--humanline"], "online": ["--online"],
-         "online-humanline": ["--online", "--humanline"], "trust_region": ["--sync", "trust_region"],
-         "clip_sampling": ["--clip", "sampling"]}
+SMALL = [
+    "--max_steps",
+    "3",
+    "--batch_size",
+    "8",
+    "--micro_batch_size",
+    "4",
+    "--eval_every",
+    "0",
+    "--num_eval_prompts",
+    "16",
+    "--round_size",
+    "16",
+    "--num_samples",
+    "4",
+    "--save_every",
+    "0",
+]
+MODES = {
+    "offline": [],
+    "offline-humanline": ["--humanline"],
+    "online": ["--online"],
+    "online-humanline": ["--online", "--humanline"],
+    "trust_region": ["--sync", "trust_region"],
+    "clip_sampling": ["--clip", "sampling"],
+}
 # 1 process with micro-batches of 8 = 2 processes with 4: z0 is per forward pass over all processes
 PAIR = ["--humanline", "--max_steps", "3", "--batch_size", "8", "--eval_prompts", "none", "--save_every", "0"]
 
@@ -254,8 +294,14 @@ def run_all(jobs, root):
     env = dict(os.environ, OMP_NUM_THREADS="1")
 
     def run(name):
-        return subprocess.run(jobs[name] + ["--output_dir", str(root / name)], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            jobs[name] + ["--output_dir", str(root / name)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     with ThreadPoolExecutor(2) as pool:
         return {name: (result, root / name) for name, result in zip(jobs, pool.map(run, jobs))}
@@ -263,16 +309,32 @@ def run_all(jobs, root):
 
 @pytest.fixture(scope="module")
 def mode_runs(toy, tmp_path_factory):
-    return run_all({name: [sys.executable, "kto_humanline.py", *SMALL, *flags] for name, flags in MODES.items()},
-                   tmp_path_factory.mktemp("kto_modes"))
+    return run_all(
+        {name: [sys.executable, "kto_humanline.py", *SMALL, *flags] for name, flags in MODES.items()},
+        tmp_path_factory.mktemp("kto_modes"),
+    )
 
 
 @pytest.fixture(scope="module")
 def pair_runs(toy, tmp_path_factory):
-    return run_all({"two_processes": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                                      "2", "kto_humanline.py", *PAIR, "--micro_batch_size", "4"],
-                    "one_process": [sys.executable, "kto_humanline.py", *PAIR, "--micro_batch_size", "8"]},
-                   tmp_path_factory.mktemp("kto_pair"))
+    return run_all(
+        {
+            "two_processes": [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "kto_humanline.py",
+                *PAIR,
+                "--micro_batch_size",
+                "4",
+            ],
+            "one_process": [sys.executable, "kto_humanline.py", *PAIR, "--micro_batch_size", "8"],
+        },
+        tmp_path_factory.mktemp("kto_pair"),
+    )
 
 
 def training_records(runs, name):
@@ -297,9 +359,12 @@ def test_end_to_end(mode_runs, name):
     # step 1 (r = z0 = 0): each loss is lambda / 2, so the mean over the 8 examples is (1.1 d + (8 - d)) / 16 for the
     # d desirable ones, with both kinds present: a weight that did not take effect gives another value
     assert any(train[0]["loss"] == pytest.approx((1.1 * d + (8 - d)) / 16, abs=1e-6) for d in range(1, 8))
-    assert (args["sync"], args["clip"]) == {"offline-humanline": ("humanline", "clamp"), "online-humanline": ("humanline", "clamp"),
-                                            "trust_region": ("trust_region", "none"), "clip_sampling": ("none", "sampling")
-                                            }.get(name, ("none", "none"))
+    assert (args["sync"], args["clip"]) == {
+        "offline-humanline": ("humanline", "clamp"),
+        "online-humanline": ("humanline", "clamp"),
+        "trust_region": ("trust_region", "none"),
+        "clip_sampling": ("none", "sampling"),
+    }.get(name, ("none", "none"))
     assert os.path.exists(out / "config.json") and os.path.isdir(out / "checkpoint-3")
 
 

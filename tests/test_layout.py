@@ -26,8 +26,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 BANNER = "# ============ TRY NOT TO MODIFY: everything below is plumbing, identical in the three scripts"
 BUDGET_ABOVE = {"dpo_humanline.py": 400, "kto_humanline.py": 450, "grpo_humanline.py": 500}
-SHARED_METHOD = ("clamped_fraction", "sync_reference", "optimizer_step", "offline_batch", "micro_batches", "collate",
-                 "token_logps", "best_worst_pairs")
+SHARED_METHOD = (
+    "clamped_fraction",
+    "sync_reference",
+    "optimizer_step",
+    "offline_batch",
+    "micro_batches",
+    "collate",
+    "token_logps",
+    "best_worst_pairs",
+)
 
 
 def source(script):
@@ -51,11 +59,15 @@ def test_below_the_banner_the_three_scripts_are_byte_identical():
 def test_the_shared_method_helpers_are_identical_above_the_banner():
     def functions(script):
         tree = ast.parse(split(script)[0])
-        return {n.name: ast.get_source_segment(split(script)[0], n) for n in tree.body if isinstance(n, ast.FunctionDef)}
+        return {
+            n.name: ast.get_source_segment(split(script)[0], n) for n in tree.body if isinstance(n, ast.FunctionDef)
+        }
 
     found = {s: functions(s) for s in SCRIPTS}
     for name in SHARED_METHOD:
-        assert found["dpo_humanline.py"][name] == found["kto_humanline.py"][name] == found["grpo_humanline.py"][name], name
+        assert found["dpo_humanline.py"][name] == found["kto_humanline.py"][name] == found["grpo_humanline.py"][name], (
+            name
+        )
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -130,10 +142,21 @@ def test_bad_files_stop_with_one_line_naming_file_row_and_column(script, files, 
 IDLE = [
     (SCRIPTS, ["--sync_every", "4"], "--sync_every 4 needs --sync or --humanline"),
     (SCRIPTS, ["--system_prompt", "Be brief."], "--system_prompt needs --as_chat (it is the chat's system message)"),
-    (SCRIPTS[2:], ["--sample_every", "64"], "--sample_every, --reward_funcs and --reward_weights act only with --online"),
-    (SCRIPTS[2:], ["--reward_funcs", "no_such_scorer"], "--sample_every, --reward_funcs and --reward_weights act only"
-                                                        " with --online"),
-    (SCRIPTS[2:], ["--online", "--round_size", "64"], "--round_size and --reward_threshold act only with --pairs_from_samples"),
+    (
+        SCRIPTS[2:],
+        ["--sample_every", "64"],
+        "--sample_every, --reward_funcs and --reward_weights act only with --online",
+    ),
+    (
+        SCRIPTS[2:],
+        ["--reward_funcs", "no_such_scorer"],
+        "--sample_every, --reward_funcs and --reward_weights act only with --online",
+    ),
+    (
+        SCRIPTS[2:],
+        ["--online", "--round_size", "64"],
+        "--round_size and --reward_threshold act only with --pairs_from_samples",
+    ),
 ]
 
 
@@ -156,13 +179,31 @@ def test_dataset_split_selects_rows_of_a_local_file_too(files, toy):
     (files / "eight.jsonl").write_text("\n".join(rows) + "\n")
     import dpo_humanline
 
-    out, argv = io.StringIO(), ["dpo_humanline.py", "--dataset", str(files / "eight.jsonl"), "--dataset_split", "train[:6]",
-                                "--batch_size", "2", "--eval_prompts", "none"]
-    with mock.patch.object(sys, "argv", argv), mock.patch.object(dpo_humanline, "load_model", lambda *a: sys.exit(0)), \
-            contextlib.redirect_stdout(out), pytest.raises(SystemExit):  # the plan is printed once the data has loaded
+    out, argv = (
+        io.StringIO(),
+        [
+            "dpo_humanline.py",
+            "--dataset",
+            str(files / "eight.jsonl"),
+            "--dataset_split",
+            "train[:6]",
+            "--batch_size",
+            "2",
+            "--eval_prompts",
+            "none",
+        ],
+    )
+    with (
+        mock.patch.object(sys, "argv", argv),
+        mock.patch.object(dpo_humanline, "load_model", lambda *a: sys.exit(0)),
+        contextlib.redirect_stdout(out),
+        pytest.raises(SystemExit),
+    ):  # the plan is printed once the data has loaded
         dpo_humanline.main()
     assert "run: 3 steps x 2 pairs = 1.00 passes over 6 pairs" in out.getvalue()
-    assert "Unknown split" in stop_message("dpo_humanline.py", ["--dataset", str(files / "eight.jsonl"), "--dataset_split", "test"])
+    assert "Unknown split" in stop_message(
+        "dpo_humanline.py", ["--dataset", str(files / "eight.jsonl"), "--dataset_split", "test"]
+    )
 
 
 def test_a_newcomers_slips_stop_with_one_line_naming_the_flag(files, tmp_path, toy):
@@ -171,10 +212,17 @@ def test_a_newcomers_slips_stop_with_one_line_naming_the_flag(files, tmp_path, t
     for script in SCRIPTS:
         assert stop_message(script, ["--max_step", "3"]) == "unknown arguments: --max_step 3 (--help lists them)"
         assert stop_message(script, ["--seed", "-1"]) == "--seed must be at least 0, got -1"
-        assert stop_message(script, ["--output_dir", str(tmp_path / "a_file")]) == f"--output_dir {tmp_path}/a_file: not a writable folder"
-    assert stop_message("dpo_humanline.py", ["--dataset", str(files)]) == f"--dataset {files}: a directory, not a data file"
+        assert (
+            stop_message(script, ["--output_dir", str(tmp_path / "a_file")])
+            == f"--output_dir {tmp_path}/a_file: not a writable folder"
+        )
+    assert (
+        stop_message("dpo_humanline.py", ["--dataset", str(files)])
+        == f"--dataset {files}: a directory, not a data file"
+    )
     assert stop_message("kto_humanline.py", ["--model_name_or_path", str(tmp_path / "run")]).startswith(
-        f"--model_name_or_path {tmp_path}/run: no config.json, not a model folder")
+        f"--model_name_or_path {tmp_path}/run: no config.json, not a model folder"
+    )
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -199,15 +247,33 @@ def test_completions_the_tokenizer_cannot_tell_apart_stop_and_unknown_characters
     wide = tmp_path / "wide.jsonl"  # full-width digits: the toy tokenizer knows none of them
     wide.write_text(json.dumps({"prompt": "1+1=", "chosen": "\uff12", "rejected": "\uff13"}) + "\n")
     assert stop_message("dpo_humanline.py", ["--dataset", str(wide)]) == (
-        f"{wide}: row 0, columns 'chosen'/'rejected': identical completions once tokenised")
+        f"{wide}: row 0, columns 'chosen'/'rejected': identical completions once tokenised"
+    )
     spaced = tmp_path / "spaced.jsonl"  # a space before each completion, unknown to the toy tokenizer too
-    spaced.write_text("".join(json.dumps({"prompt": f"{i}+1=", "chosen": f" {i + 1}", "rejected": " 0"}) + "\n"
-                              for i in range(1, 9)))
+    spaced.write_text(
+        "".join(json.dumps({"prompt": f"{i}+1=", "chosen": f" {i + 1}", "rejected": " 0"}) + "\n" for i in range(1, 9))
+    )
     out = io.StringIO()
-    with mock.patch.object(sys, "argv", ["dpo_humanline.py", "--dataset", str(spaced), "--batch_size", "8",
-                                         "--eval_prompts", "none", "--output_dir", str(tmp_path / "o")]), \
-            mock.patch("dpo_humanline.load_model", lambda *a: sys.exit(0)), contextlib.redirect_stdout(out), \
-            pytest.raises(SystemExit):
+    with (
+        mock.patch.object(
+            sys,
+            "argv",
+            [
+                "dpo_humanline.py",
+                "--dataset",
+                str(spaced),
+                "--batch_size",
+                "8",
+                "--eval_prompts",
+                "none",
+                "--output_dir",
+                str(tmp_path / "o"),
+            ],
+        ),
+        mock.patch("dpo_humanline.load_model", lambda *a: sys.exit(0)),
+        contextlib.redirect_stdout(out),
+        pytest.raises(SystemExit),
+    ):
         __import__("dpo_humanline").main()
     assert f"{spaced}: {{'prompts': 0, 'completions': 0, 'unknown tokens': 16}}" in out.getvalue()
 
@@ -217,26 +283,45 @@ def test_the_default_output_dir_tells_runs_of_other_settings_apart():
 
     def out(*flags):  # parse_args shows the plan (--plan_only) with the settings it derived, then exits
         seen = []
-        with mock.patch.object(sys, "argv", ["dpo_humanline.py", *flags, "--plan_only"]), pytest.raises(SystemExit), \
-                mock.patch.object(dpo_humanline.memory_plan, "report", lambda args, *_, **__: seen.append(args) or ""), \
-                contextlib.redirect_stdout(io.StringIO()):
+        with (
+            mock.patch.object(sys, "argv", ["dpo_humanline.py", *flags, "--plan_only"]),
+            pytest.raises(SystemExit),
+            mock.patch.object(dpo_humanline.memory_plan, "report", lambda args, *_, **__: seen.append(args) or ""),
+            contextlib.redirect_stdout(io.StringIO()),
+        ):
             dpo_humanline.parse_args(dpo_humanline.Args, "dpo", lambda a, g: [])
         return seen[0].output_dir
 
     assert out() == os.path.join("runs", "dpo-offline-seed0") and out("--seed", "3").endswith("dpo-offline-seed3")
     assert out("--humanline") == os.path.join("runs", "dpo-offline-humanline-seed0")
-    assert len({out("--humanline"), out("--humanline", "--sync_every", "4"), out("--humanline", "--learning_rate", "1e-4"),
-                out("--humanline", "--sync_every", "2")}) == 4
+    assert (
+        len(
+            {
+                out("--humanline"),
+                out("--humanline", "--sync_every", "4"),
+                out("--humanline", "--learning_rate", "1e-4"),
+                out("--humanline", "--sync_every", "2"),
+            }
+        )
+        == 4
+    )
     assert out("--humanline", "--eval_every", "5") == out("--humanline")  # bookkeeping does not change the run
 
 
 def test_the_real_command_line_prints_one_line_and_exits_1(files, toy):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run([sys.executable, "grpo_humanline.py", "--dataset", str(files / "no_rejected.jsonl")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "grpo_humanline.py", "--dataset", str(files / "no_rejected.jsonl")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"{files / 'no_rejected.jsonl'}: row 0: missing column 'rejected' "
-                                                "(rows need [prompt,] chosen, rejected)"]
+    assert proc.stderr.strip().splitlines() == [
+        f"{files / 'no_rejected.jsonl'}: row 0: missing column 'rejected' (rows need [prompt,] chosen, rejected)"
+    ]
 
 
 def test_every_link_of_the_readme_and_the_docs_resolves_to_a_file_and_heading():
@@ -245,7 +330,10 @@ def test_every_link_of_the_readme_and_the_docs_resolves_to_a_file_and_heading():
 
     def anchors(path):  # GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens
         with open(path) as f:
-            return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", f.read(), re.M)}
+            return {
+                re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.*)$", f.read(), re.M)
+            }
 
     pages = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
     assert len(pages) >= 7
@@ -275,8 +363,10 @@ def test_every_results_table_row_in_the_docs_is_a_row_of_a_generated_table():
     import glob
 
     results = source(os.path.join("docs", "results.md"))
-    section = results[results.index("## Results on the toy task"):]
-    generated = "".join(open(f).read() for f in glob.glob(os.path.join(ROOT, "experiments", "results", "**", "*.md"), recursive=True))
+    section = results[results.index("## Results on the toy task") :]
+    generated = "".join(
+        open(f).read() for f in glob.glob(os.path.join(ROOT, "experiments", "results", "**", "*.md"), recursive=True)
+    )
     rows = [line for line in section.splitlines() if line.startswith("| ")]
     assert len(rows) > 20
     assert not [row for row in rows if row not in generated]  # each figure traceable to the table it was copied from

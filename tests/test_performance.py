@@ -32,8 +32,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ["--max_steps", "4", "--batch_size", "8", "--eval_prompts", "none", "--save_every", "0"]
 ACCUM = ["--micro_batch_size", "4"]  # two micro-batches per step on one process
 NOT_COMPARED = ("tokens_per_s", "online/seconds")  # and perf/*: timings and memory
-ENV = {k: v for k, v in os.environ.items()
-       if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+}
 ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -81,8 +84,18 @@ def run(toy, tmp_path_factory):
 
 
 def launch_two_processes(script, flags, out):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, *flags,
-           "--output_dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        script,
+        *flags,
+        "--output_dir",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return records(out)
@@ -130,18 +143,27 @@ def test_ref_free_equals_two_models_for_any_k(script, k, run):
     _, free = compare(run, script, ["--humanline", "--sync_every", str(k)], n)
     losses = [r["loss"] for r in steps(free)]
     assert len(set(losses[1:])) > 1  # the reference moved: not simply the policy itself
-    computes = [i == 0 or (i % k == k - 1 and i + 1 < n) for i in range(n)]  # step 0 and each sync step with steps after it
+    computes = [
+        i == 0 or (i % k == k - 1 and i + 1 < n) for i in range(n)
+    ]  # step 0 and each sync step with steps after it
     assert [r["perf/sync_seconds"] > 0 for r in steps(free)] == computes
 
 
-@pytest.mark.parametrize("script,flags", [
-    ("dpo_humanline.py", []),  # never synced: every step's reference log-probs are computed at step 0
-    ("kto_humanline.py", []),
-    ("grpo_humanline.py", []),
-    ("dpo_humanline.py", ["--sync", "trust_region", "--sync_every", "2"]),
-    ("grpo_humanline.py", ["--online", "--sample_every", "2", "--num_generations", "4"]),  # the sampler: each buffer
-    ("grpo_humanline.py", ["--online", "--pairs_from_samples", "--round_size", "16", "--num_generations", "4"]),
-], ids=["dpo-offline", "kto-offline", "grpo-offline", "dpo-trust-region-k2", "grpo-sample-every-2", "grpo-pairs"])
+@pytest.mark.parametrize(
+    "script,flags",
+    [
+        ("dpo_humanline.py", []),  # never synced: every step's reference log-probs are computed at step 0
+        ("kto_humanline.py", []),
+        ("grpo_humanline.py", []),
+        ("dpo_humanline.py", ["--sync", "trust_region", "--sync_every", "2"]),
+        (
+            "grpo_humanline.py",
+            ["--online", "--sample_every", "2", "--num_generations", "4"],
+        ),  # the sampler: each buffer
+        ("grpo_humanline.py", ["--online", "--pairs_from_samples", "--round_size", "16", "--num_generations", "4"]),
+    ],
+    ids=["dpo-offline", "kto-offline", "grpo-offline", "dpo-trust-region-k2", "grpo-sample-every-2", "grpo-pairs"],
+)
 def test_ref_free_equals_two_models_without_humanline_syncing(script, flags, run):
     compare(run, script, flags, 5)
 
@@ -160,8 +182,17 @@ def test_ref_free_across_online_rounds_with_periods_that_straddle_them(run):
 def test_grpo_pairs_from_samples_under_sync_start_each_round_from_the_policy(run):
     """Algorithm 1 with groups of two: as online DPO and KTO, every round's reference starts as the policy (ratio
     1 at its first step) and humanline syncing (k = 3) goes on within it; reference-free equals two models."""
-    flags = ["--online", "--pairs_from_samples", "--humanline", "--sync_every", "3", "--round_size", "24",
-             "--num_generations", "4"]
+    flags = [
+        "--online",
+        "--pairs_from_samples",
+        "--humanline",
+        "--sync_every",
+        "3",
+        "--round_size",
+        "24",
+        "--num_generations",
+        "4",
+    ]
     _, free = compare(run, "grpo_humanline.py", flags, 7)
     first_of_round = {r["step"] + 1 for r in free if "online/groups" in r}  # a sampling's record
     assert len(first_of_round) >= 2
@@ -193,13 +224,25 @@ def test_the_old_flag_is_refused(tmp_path):
 GROUPS = ["--online", "--num_generations", "4"]
 
 
-@pytest.mark.parametrize("flags", [
-    ["--humanline"],  # on-policy, k = 1: every step samples after the update whose pre-update policy is its reference
-    ["--humanline", "--sample_every", "4", "--sync_every", "2"],  # the paper's off-policy shape (64 and 16), aligned
-    ["--humanline", "--sample_every", "3", "--sync_every", "2"],  # not aligned
-    ["--humanline", "--sample_every", "2", "--sync_every", "4"],  # a sync period over two samplings
-    ["--sync", "trust_region", "--sample_every", "3", "--sync_every", "2"],
-], ids=["on-policy-k1", "every4-k2", "every3-k2", "every2-k4", "trust-region"])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [
+            "--humanline"
+        ],  # on-policy, k = 1: every step samples after the update whose pre-update policy is its reference
+        [
+            "--humanline",
+            "--sample_every",
+            "4",
+            "--sync_every",
+            "2",
+        ],  # the paper's off-policy shape (64 and 16), aligned
+        ["--humanline", "--sample_every", "3", "--sync_every", "2"],  # not aligned
+        ["--humanline", "--sample_every", "2", "--sync_every", "4"],  # a sync period over two samplings
+        ["--sync", "trust_region", "--sample_every", "3", "--sync_every", "2"],
+    ],
+    ids=["on-policy-k1", "every4-k2", "every3-k2", "every2-k4", "trust-region"],
+)
 def test_online_grpo_under_sync_keeps_the_weights_it_needs_on_the_cpu(flags, run):
     """The reference of the steps after a sampling is the policy before an earlier update: its weights wait on the CPU
     and are swapped into the policy when the samples exist. Equal to two models, still one model loaded."""
@@ -227,26 +270,43 @@ def test_sync_into_no_reference_is_a_no_op():
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
 
-@pytest.mark.parametrize("sync,k,reset,expected", [
-    ("humanline", 4, 0, {0: [0, 1, 2, 3], 3: [4, 5, 6, 7], 7: [8, 9, 10, 11]}),
-    ("humanline", 1, 0, {0: [0, 1], **{t: [t + 1] for t in range(1, 11)}}),
-    ("trust_region", 4, 0, {0: [0, 1, 2, 3], 4: [4, 5, 6, 7], 8: [8, 9, 10, 11]}),
-    ("none", 1, 0, {0: list(range(12))}),
-    ("humanline", 4, 5, {5: [5, 6, 7], 7: [8, 9, 10, 11]}),  # a round started at step 5
-])
+@pytest.mark.parametrize(
+    "sync,k,reset,expected",
+    [
+        ("humanline", 4, 0, {0: [0, 1, 2, 3], 3: [4, 5, 6, 7], 7: [8, 9, 10, 11]}),
+        ("humanline", 1, 0, {0: [0, 1], **{t: [t + 1] for t in range(1, 11)}}),
+        ("trust_region", 4, 0, {0: [0, 1, 2, 3], 4: [4, 5, 6, 7], 8: [8, 9, 10, 11]}),
+        ("none", 1, 0, {0: list(range(12))}),
+        ("humanline", 4, 5, {5: [5, 6, 7], 7: [8, 9, 10, 11]}),  # a round started at step 5
+    ],
+)
 def test_reference_ahead_computes_each_batch_once_when_its_reference_is_the_policy(sync, k, reset, expected, toy):
     """Which steps' log-probs the policy computes at the start of each step (0 to 11 of 12): exactly the steps whose
     reference it is, or is about to be synced into."""
     model = AutoModelForCausalLM.from_pretrained(toy.model)
     args = SimpleNamespace(sync=sync, sync_every=k, max_steps=12)
-    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False),
-                         head_dtype=torch.float32, logps_temperature=1.0)
+    rt = SimpleNamespace(
+        rank=0,
+        world=1,
+        device=torch.device("cpu"),
+        autocast=torch.autocast("cpu", enabled=False),
+        head_dtype=torch.float32,
+        logps_temperature=1.0,
+    )
     forwards = lambda batch, args, rank, world: [(None, batch)]  # noqa: E731
     state, got = SimpleNamespace(ref_ahead={}, ref_weights=None), {}
     for step in range(reset, 12):
         state.step, before = step, set(state.ref_ahead)
-        dpo_humanline.reference_ahead(model, state, reset, lambda s: [([1, 2], [3, 4 + s % 5])], forwards,
-                                      SimpleNamespace(pad_token_id=0), args, rt)
+        dpo_humanline.reference_ahead(
+            model,
+            state,
+            reset,
+            lambda s: [([1, 2], [3, 4 + s % 5])],
+            forwards,
+            SimpleNamespace(pad_token_id=0),
+            args,
+            rt,
+        )
         if set(state.ref_ahead) - before:
             got[step] = sorted(set(state.ref_ahead) - before)
     assert got == expected
@@ -256,10 +316,15 @@ def test_reference_ahead_computes_each_batch_once_when_its_reference_is_the_poli
 # Two processes (FSDP2, gloo): each is one process's run with half the micro-batch
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("script,flags", [
-    ("dpo_humanline.py", ["--humanline", "--sync_every", "2"]),
-    ("grpo_humanline.py", []),  # never synced: every step computed at step 0
-], ids=["dpo-k2", "grpo-offline"])
+
+@pytest.mark.parametrize(
+    "script,flags",
+    [
+        ("dpo_humanline.py", ["--humanline", "--sync_every", "2"]),
+        ("grpo_humanline.py", []),  # never synced: every step computed at step 0
+    ],
+    ids=["dpo-k2", "grpo-offline"],
+)
 def test_two_processes_equal_one_two_model_process(script, flags, run, tmp_path):
     one, _, _ = run(script, [*steps_flags(5), *flags, "--ref_free", "off"])
     two = launch_two_processes(script, [*steps_flags(5), *flags, "--micro_batch_size", "2"], tmp_path / "two")
@@ -269,7 +334,17 @@ def test_two_processes_equal_one_two_model_process(script, flags, run, tmp_path)
 def test_two_processes_keep_and_swap_their_own_shards(tmp_path):
     """Online GRPO under --sync with two processes (each samples its share, so the one-process run differs): the
     kept weights are each process's shards, and reference-free equals two models."""
-    flags = [*steps_flags(5), *GROUPS, "--humanline", "--sample_every", "3", "--sync_every", "2", "--micro_batch_size", "2"]
+    flags = [
+        *steps_flags(5),
+        *GROUPS,
+        "--humanline",
+        "--sample_every",
+        "3",
+        "--sync_every",
+        "2",
+        "--micro_batch_size",
+        "2",
+    ]
     two_models = launch_two_processes("grpo_humanline.py", [*flags, "--ref_free", "off"], tmp_path / "off")
     free = launch_two_processes("grpo_humanline.py", flags, tmp_path / "on")
     assert_same_training(two_models, free, 5)

@@ -54,6 +54,7 @@ def test_spec_worked_example(monkeypatch):
     # P[Z >= 50] = 0.8 and P[Z >= 100] = 0.2; if they are perceived as 0.8 and 0.3 the weights
     # are 0.8 - 0.3 = 0.5 and 0.3 - 0 = 0.3 (and the 0 outcome gets 1 - 0.8).
     perceived = {0.0: 0.0, 0.2: 0.3, 0.8: 0.8, 1.0: 1.0}
+
     def fake_capacity(a, gamma):
         return np.vectorize(lambda x: perceived[round(float(x), 9)])(a)
 
@@ -100,8 +101,7 @@ def test_weights_do_not_depend_on_input_order():
     outcomes = np.array([-2.0, 5.0, 5.0, -7.0, 1.0, 0.0])
     probs = rng.dirichlet(np.ones(6))
     perm = rng.permutation(6)
-    np.testing.assert_allclose(weights(outcomes[perm], probs[perm]), weights(outcomes, probs)[perm],
-                               rtol=1e-12)
+    np.testing.assert_allclose(weights(outcomes[perm], probs[perm]), weights(outcomes, probs)[perm], rtol=1e-12)
 
 
 def test_losses_mirror_gains():
@@ -111,8 +111,9 @@ def test_losses_mirror_gains():
     rng = np.random.default_rng(2)
     x = rng.uniform(0.5, 9, size=6)
     p = rng.dirichlet(np.ones(6))
-    np.testing.assert_allclose(weights(-x, p, gamma_gain=0.4, gamma_loss=0.69),
-                               weights(x, p, gamma_gain=0.69, gamma_loss=0.4), rtol=1e-12)
+    np.testing.assert_allclose(
+        weights(-x, p, gamma_gain=0.4, gamma_loss=0.69), weights(x, p, gamma_gain=0.69, gamma_loss=0.4), rtol=1e-12
+    )
 
 
 # --- value and utility ----------------------------------------------------------------------
@@ -192,8 +193,13 @@ def test_bad_input_raises(call):
 
 def test_script_prints_table(tmp_path):
     out = tmp_path / "weighting.png"
-    proc = subprocess.run([sys.executable, str(ROOT / "prospect.py"), "--out", str(out)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "prospect.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert [float(r[0]) for r in rows] == [0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1]

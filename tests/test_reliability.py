@@ -34,23 +34,33 @@ torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 MODULES = {s: importlib.import_module(s[:-3]) for s in SCRIPTS}
-ENV = {k: v for k, v in os.environ.items()
-       if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+}
 ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 TINY = ["--batch_size", "8", "--eval_every", "0", "--num_eval_prompts", "8"]
-ONLINE = {"dpo_humanline.py": ["--online", "--round_size", "32", "--num_samples", "4"],
-          "kto_humanline.py": ["--online", "--round_size", "32", "--num_samples", "4"],
-          "grpo_humanline.py": ["--online", "--num_generations", "4"]}
+ONLINE = {
+    "dpo_humanline.py": ["--online", "--round_size", "32", "--num_samples", "4"],
+    "kto_humanline.py": ["--online", "--round_size", "32", "--num_samples", "4"],
+    "grpo_humanline.py": ["--online", "--num_generations", "4"],
+}
 
 
 def command(script, extra, out, nproc=1):
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    launcher = (
+        [sys.executable]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    )
     return [*launcher, script, *TINY, "--micro_batch_size", str(4 // nproc), *extra, "--output_dir", str(out)]
 
 
 def run(script, extra, out, nproc=1):
-    return subprocess.run(command(script, extra, out, nproc), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        command(script, extra, out, nproc), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
 
 
 def run_here(script, extra, out):
@@ -72,8 +82,14 @@ class Started:
     def __init__(self, script, extra, out, nproc=1):
         self.out, self.log = str(out), f"{out}.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(command(script, extra, out, nproc), cwd=ROOT, env=ENV, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                command(script, extra, out, nproc),
+                cwd=ROOT,
+                env=ENV,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def wait_for(self, condition, timeout=120, poll=0.02):
         end = time.time() + timeout
@@ -172,16 +188,33 @@ BAD_PAIRS = {
     "null value": ({**GOOD, "prompt": None}, "row 1: missing column 'prompt'"),
     "empty prompt": ({**GOOD, "prompt": "  "}, "row 1, column 'prompt': empty text"),
     "empty completion": ({**GOOD, "chosen": ""}, "row 1, column 'chosen': empty text"),
-    "not a string": ({**GOOD, "rejected": 7}, "row 1, column 'rejected': expected a string or a non-empty list of messages, got int"),
-    "message without role": ({**GOOD, "prompt": [{"content": "1+2="}]}, "row 1, column 'prompt': each message needs a role"),
-    "unknown role": ({**GOOD, "prompt": [{"role": "robot", "content": "1+2="}]}, "row 1, column 'prompt': each message needs a role"),
-    "content not a string": ({**GOOD, "prompt": [{"role": "user", "content": ["1+2="]}]},
-                             "row 1, column 'prompt': message content must be a string"),
+    "not a string": (
+        {**GOOD, "rejected": 7},
+        "row 1, column 'rejected': expected a string or a non-empty list of messages, got int",
+    ),
+    "message without role": (
+        {**GOOD, "prompt": [{"content": "1+2="}]},
+        "row 1, column 'prompt': each message needs a role",
+    ),
+    "unknown role": (
+        {**GOOD, "prompt": [{"role": "robot", "content": "1+2="}]},
+        "row 1, column 'prompt': each message needs a role",
+    ),
+    "content not a string": (
+        {**GOOD, "prompt": [{"role": "user", "content": ["1+2="]}]},
+        "row 1, column 'prompt': message content must be a string",
+    ),
     "not a message": ({**GOOD, "prompt": ["1+2="]}, "row 1, column 'prompt': each message needs a role"),
-    "chosen equals rejected": ({**GOOD, "rejected": GOOD["chosen"]}, "row 1, columns 'chosen'/'rejected': identical completions"),
+    "chosen equals rejected": (
+        {**GOOD, "rejected": GOOD["chosen"]},
+        "row 1, columns 'chosen'/'rejected': identical completions",
+    ),
 }
 BAD_KTO = {
-    "label a string": ({"prompt": "1+2=", "completion": "3", "label": "yes"}, "row 1, column 'label': expected a boolean"),
+    "label a string": (
+        {"prompt": "1+2=", "completion": "3", "label": "yes"},
+        "row 1, column 'label': expected a boolean",
+    ),
     "label a number": ({"prompt": "1+2=", "completion": "3", "label": 1}, "row 1, column 'label': expected a boolean"),
     "label missing": ({"prompt": "1+2=", "completion": "3"}, "row 1: missing column 'label'"),
     "completion missing": ({"prompt": "1+2=", "label": True}, "row 1: missing column 'completion'"),
@@ -220,22 +253,47 @@ def test_bad_prompts_for_sampling_or_evaluation_are_named(script, tok):
     m = MODULES[script]
     for prompt, message in [(None, "missing"), ("", "empty text"), ([{"role": "user"}], "content must be a string")]:
         with pytest.raises(SystemExit) as e:
-            m.as_text(m.prompt_row({"prompt": prompt}, "prompts.jsonl: row 1", m.Args())["prompt"], "prompts.jsonl: row 1, column 'prompt'", tok)
+            m.as_text(
+                m.prompt_row({"prompt": prompt}, "prompts.jsonl: row 1", m.Args())["prompt"],
+                "prompts.jsonl: row 1, column 'prompt'",
+                tok,
+            )
         assert str(e.value).startswith("prompts.jsonl: row 1") and message in str(e.value)
 
 
 BAD_FILES = {  # (script, rows, extra flags, what the user is told)
-    "dpo: malformed message": ("dpo_humanline.py", [GOOD, GOOD, {**GOOD, "chosen": [{"role": "robot", "content": "x"}]}],
-                               [], "row 2, column 'chosen': each message needs a role"),
-    "kto: label not a boolean": ("kto_humanline.py", [{"prompt": "1+2=", "completion": "3", "label": True}] * 2
-                                 + [{"prompt": "1+2=", "completion": "3", "label": "yes"}], [], "row 2, column 'label'"),
-    "grpo online: empty prompt": ("grpo_humanline.py", [{"prompt": "1+2="}] * 2 + [{"prompt": ""}], ["--online"],
-                                  "row 2, column 'prompt': empty text"),
-    "dpo: bad evaluation prompt": ("dpo_humanline.py", [{"prompt": "1+2="}, {"prompt": "2+2="}, {"text": "3+3="}],
-                                   ["--dataset", "toy", "--eval_prompts", "{file}"], "row 2: missing column 'prompt'"),
+    "dpo: malformed message": (
+        "dpo_humanline.py",
+        [GOOD, GOOD, {**GOOD, "chosen": [{"role": "robot", "content": "x"}]}],
+        [],
+        "row 2, column 'chosen': each message needs a role",
+    ),
+    "kto: label not a boolean": (
+        "kto_humanline.py",
+        [{"prompt": "1+2=", "completion": "3", "label": True}] * 2
+        + [{"prompt": "1+2=", "completion": "3", "label": "yes"}],
+        [],
+        "row 2, column 'label'",
+    ),
+    "grpo online: empty prompt": (
+        "grpo_humanline.py",
+        [{"prompt": "1+2="}] * 2 + [{"prompt": ""}],
+        ["--online"],
+        "row 2, column 'prompt': empty text",
+    ),
+    "dpo: bad evaluation prompt": (
+        "dpo_humanline.py",
+        [{"prompt": "1+2="}, {"prompt": "2+2="}, {"text": "3+3="}],
+        ["--dataset", "toy", "--eval_prompts", "{file}"],
+        "row 2: missing column 'prompt'",
+    ),
     "dpo: fewer pairs than a batch": ("dpo_humanline.py", [GOOD] * 5, [], "5 rows, fewer than the 8 that one batch"),
-    "kto online: fewer prompts than a round": ("kto_humanline.py", [{"prompt": "1+2="}] * 5, ONLINE["kto_humanline.py"],
-                                               "5 rows, fewer than the 32 that one batch or round takes"),
+    "kto online: fewer prompts than a round": (
+        "kto_humanline.py",
+        [{"prompt": "1+2="}] * 5,
+        ONLINE["kto_humanline.py"],
+        "5 rows, fewer than the 32 that one batch or round takes",
+    ),
     "grpo: malformed JSON": ("grpo_humanline.py", None, [], "Missing a comma or '}' after an object member. in row 1"),
 }
 
@@ -287,21 +345,36 @@ def test_score_samples_finds_each_bad_reward(script):
     def scorer(prompts, completions, **columns):
         if "boom" in completions:
             raise RuntimeError("scorer crashed")
-        return [{"nan": math.nan, "none": None, "inf": -math.inf, "text": "high"}.get(c, len(c) / 10) for c in completions]
+        return [
+            {"nan": math.nan, "none": None, "inf": -math.inf, "text": "high"}.get(c, len(c) / 10) for c in completions
+        ]
 
     scores, bad = m.score_samples("mine", scorer, ["p"] * 6, ["ab", "nan", "none", "boom", "inf", "text"], {})
     assert scores == [0.2, None, None, None, None, None]
     assert list(bad) == [1, 2, 3, 4, 5]
     assert bad[3] == "reward mine of prompt 'p' raised RuntimeError: scorer crashed" and bad[1].endswith("is nan")
-    scores, bad = m.score_samples("one", lambda p, c, **k: [1.0], ["p"] * 2, ["a", "b"], {})  # wrong length: each sample alone
+    scores, bad = m.score_samples(
+        "one", lambda p, c, **k: [1.0], ["p"] * 2, ["a", "b"], {}
+    )  # wrong length: each sample alone
     assert scores == [1.0, 1.0] and not bad
     pairs = m.best_worst_pairs([([1], ["a", "b"], [None, 0.5]), ([2], ["c", "d"], [0.9, None])], 0.0)
     assert pairs == []  # a prompt with fewer than two good samples gives no pair
 
 
 def test_bad_rewards_are_dropped_and_counted_dpo(tmp_path, toy):
-    run_here("dpo_humanline.py", [*ONLINE["dpo_humanline.py"], "--max_steps", "2", "--save_every", "0",
-                                  "--reward_model", "tests.faulty_rewards:flaky"], tmp_path)
+    run_here(
+        "dpo_humanline.py",
+        [
+            *ONLINE["dpo_humanline.py"],
+            "--max_steps",
+            "2",
+            "--save_every",
+            "0",
+            "--reward_model",
+            "tests.faulty_rewards:flaky",
+        ],
+        tmp_path,
+    )
     r = rounds(str(tmp_path))[0]
     assert 0 < r["online/bad_rewards"] < 128 and r["online/pairs"] >= 8
     last = steps(str(tmp_path))[2]
@@ -311,19 +384,51 @@ def test_bad_rewards_are_dropped_and_counted_dpo(tmp_path, toy):
 
 def test_bad_rewards_drop_their_group_grpo(tmp_path, toy):
     """GRPO's groups of 4: a group with a bad reward is left out whole; a faulty function beside a good one."""
-    run_here("grpo_humanline.py", [*ONLINE["grpo_humanline.py"], "--max_steps", "2", "--save_every", "0", "--sample_every", "16",
-                                   "--reward_funcs", "toy_verify,tests.faulty_rewards:flaky"], tmp_path)
+    run_here(
+        "grpo_humanline.py",
+        [
+            *ONLINE["grpo_humanline.py"],
+            "--max_steps",
+            "2",
+            "--save_every",
+            "0",
+            "--sample_every",
+            "16",
+            "--reward_funcs",
+            "toy_verify,tests.faulty_rewards:flaky",
+        ],
+        tmp_path,
+    )
     r = rounds(str(tmp_path))[0]
-    assert r["online/bad_rewards"] > 0 and 2 <= r["online/groups"] < 32  # 32 prompts sampled, groups with a bad reward dropped
+    assert (
+        r["online/bad_rewards"] > 0 and 2 <= r["online/groups"] < 32
+    )  # 32 prompts sampled, groups with a bad reward dropped
     assert all(math.isfinite(s["loss"]) for s in steps(str(tmp_path)).values())
 
 
 def test_on_bad_reward_stop_names_the_prompt(tmp_path, toy):
     with pytest.raises(SystemExit) as e:
-        run_here("kto_humanline.py", [*ONLINE["kto_humanline.py"], "--max_steps", "2", "--on_bad_reward", "stop",
-                                      "--reward_model", "tests.faulty_rewards:flaky", "--eval_prompts", "none"], tmp_path)
-    assert re.fullmatch(r"stopping: the reward tests.faulty_rewards:flaky of prompt '\d+\+\d+=' (is (nan|inf|None)|raised ValueError: cannot score .*) "
-                        r"\(\d+ bad rewards in this batch\); --on_bad_reward drop would leave such samples out", str(e.value)), str(e.value)
+        run_here(
+            "kto_humanline.py",
+            [
+                *ONLINE["kto_humanline.py"],
+                "--max_steps",
+                "2",
+                "--on_bad_reward",
+                "stop",
+                "--reward_model",
+                "tests.faulty_rewards:flaky",
+                "--eval_prompts",
+                "none",
+            ],
+            tmp_path,
+        )
+    assert re.fullmatch(
+        r"stopping: the reward tests.faulty_rewards:flaky of prompt '\d+\+\d+=' "
+        r"(is (nan|inf|None)|raised ValueError: cannot score .*) "
+        r"\(\d+ bad rewards in this batch\); --on_bad_reward drop would leave such samples out",
+        str(e.value),
+    ), str(e.value)
     assert not steps(str(tmp_path))  # stopped in the first round, before any update
 
 
@@ -434,7 +539,9 @@ def test_sigkill_at_any_moment_leaves_complete_checkpoints_and_resume_is_exact(u
     rng.seed(seed)
     # 1. killed while a checkpoint is being written (its temporary directory exists)
     started = Started("dpo_humanline.py", [*LONG, "--save_every", "1"], out)
-    started.wait_for(lambda: any(d.endswith(".tmp") for d in checkpoints(str(out))) and len(steps(str(out))) >= 2, poll=0.001)
+    started.wait_for(
+        lambda: any(d.endswith(".tmp") for d in checkpoints(str(out))) and len(steps(str(out))) >= 2, poll=0.001
+    )
     time.sleep(rng.uniform(0, 0.03))
     started.kill()
     started.wait()
@@ -449,7 +556,9 @@ def test_sigkill_at_any_moment_leaves_complete_checkpoints_and_resume_is_exact(u
     for d in complete:
         assert_loadable(str(out / d))
     # 3. resumed to the end: the newest complete checkpoint, stale temporary directories removed
-    assert f"resumed from {out}/{complete[-1]}" in run_here("dpo_humanline.py", [*LONG, "--save_every", "1", "--resume"], out), seed
+    assert f"resumed from {out}/{complete[-1]}" in run_here(
+        "dpo_humanline.py", [*LONG, "--save_every", "1", "--resume"], out
+    ), seed
     assert not any(d.endswith(".tmp") for d in checkpoints(str(out)))
     same_runs(uninterrupted[0], str(out))
     same_models(uninterrupted[0], str(out))
@@ -460,7 +569,17 @@ def online_run(toy, tmp_path_factory):
     """Online DPO with humanline syncing and --clip sampling (its generator is part of the state), a
     checkpoint after every step."""
     out = tmp_path_factory.mktemp("online") / "run"
-    extra = [*ONLINE["dpo_humanline.py"], "--sync", "humanline", "--clip", "sampling", "--max_steps", "5", "--save_every", "1"]
+    extra = [
+        *ONLINE["dpo_humanline.py"],
+        "--sync",
+        "humanline",
+        "--clip",
+        "sampling",
+        "--max_steps",
+        "5",
+        "--save_every",
+        "1",
+    ]
     run_here("dpo_humanline.py", extra, out)
     return str(out), extra
 
@@ -505,12 +624,17 @@ def two_processes(toy, tmp_path_factory):
 
 def test_only_rank_0_writes(two_processes):
     out = two_processes
-    assert [r["step"] for r in records(out) if "loss" in r] == list(range(1, 7))  # one line per step, not one per process
+    assert [r["step"] for r in records(out) if "loss" in r] == list(
+        range(1, 7)
+    )  # one line per step, not one per process
     files = sorted(os.listdir(out))
     assert files.count("args.json") == 1 and files.count("metrics.jsonl") == 1 and files.count("model.safetensors") == 1
     assert checkpoints(out) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     for d in checkpoints(out):  # each process writes its own training state, rank 0 everything else
-        assert sorted(f for f in os.listdir(os.path.join(out, d)) if f.startswith("state")) == ["state-rank0.pt", "state-rank1.pt"]
+        assert sorted(f for f in os.listdir(os.path.join(out, d)) if f.startswith("state")) == [
+            "state-rank0.pt",
+            "state-rank1.pt",
+        ]
         assert_loadable(os.path.join(out, d), world=2)
 
 
@@ -521,7 +645,9 @@ def test_sigterm_to_torchrun_checkpoints_every_process_and_resume_is_exact(two_p
     os.kill(started.proc.pid, signal.SIGTERM)  # torchrun passes it on to both processes
     started.wait()
     last = max(steps(str(out)))
-    assert last < 6 and f"SIGTERM: stopped after step {last} with a checkpoint" in started.output, started.output[-3000:]
+    assert last < 6 and f"SIGTERM: stopped after step {last} with a checkpoint" in started.output, started.output[
+        -3000:
+    ]
     assert checkpoints(str(out)) == [f"checkpoint-{last}"]
     assert_loadable(str(out / f"checkpoint-{last}"), world=2)
     proc = run("dpo_humanline.py", [*TWO, "--save_every", "0", "--resume"], out, nproc=2)
@@ -554,7 +680,9 @@ def test_a_hung_then_dead_process_stops_the_run_within_the_timeout(tmp_path, toy
     """Rank 1 is frozen (SIGSTOP): rank 0 fails its next collective after --dist_timeout instead of waiting
     forever; rank 1 is then killed (SIGKILL) and torchrun ends the run. The newest checkpoint stays loadable."""
     out = tmp_path / "run"
-    started = Started("dpo_humanline.py", ["--max_steps", "500", "--save_every", "2", "--dist_timeout", "3"], out, nproc=2)
+    started = Started(
+        "dpo_humanline.py", ["--max_steps", "500", "--save_every", "2", "--dist_timeout", "3"], out, nproc=2
+    )
     started.wait_for(lambda: len(steps(str(out))) >= 3)
     workers = {rank_of(p): p for p in children(started.proc.pid)}
     os.kill(workers[1], signal.SIGSTOP)
@@ -582,7 +710,9 @@ def test_a_hung_then_dead_process_stops_the_run_within_the_timeout(tmp_path, toy
 def test_remote_code_is_off_unless_the_flag_is_given(script):
     assert MODULES[script].Args().trust_remote_code is False
     tree = ast.parse(open(os.path.join(ROOT, script)).read())
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "from_pretrained"]
+    calls = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "from_pretrained"
+    ]
     assert len(calls) >= 1  # every model and tokenizer loads through one helper
     for call in calls:
         kw = {k.arg: ast.unparse(k.value) for k in call.keywords}
@@ -594,9 +724,13 @@ def test_training_state_is_loaded_with_weights_only_and_nothing_is_unpickled(scr
     tree = ast.parse(open(os.path.join(ROOT, script)).read())
     calls = {ast.unparse(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
     loads = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.load"]
-    assert loads and all(any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in n.keywords) for n in loads)
+    assert loads and all(
+        any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in n.keywords) for n in loads
+    )
     unsafe = {"pickle", "dill", "cloudpickle", "joblib", "marshal", "shelve"}
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    imported = {
+        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names
+    }
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not imported & unsafe
     assert not [f for f in calls if f in ("eval", "exec", "np.load", "numpy.load") or f.endswith("read_pickle")]
@@ -622,7 +756,9 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused(script, tmp_path, toy)
     policy = AutoModelForCausalLM.from_pretrained(toy.model)
     opt = torch.optim.AdamW(policy.parameters())
     with pytest.raises(pickle.UnpicklingError):
-        make_session(m, tmp_path, policy, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), None, resume=True)
+        make_session(
+            m, tmp_path, policy, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), None, resume=True
+        )
     assert not marker.exists()
 
 
@@ -644,13 +780,18 @@ def test_each_seed_has_its_own_random_streams(script):
     """Data order, prompt order, sampling and shuffling draw from numpy SeedSequence(seed) children: seed 1 replays
     none of seed 0's streams (with seed + epoch it replayed them one epoch later)."""
     m = MODULES[script]
-    seeds = {(seed, stream, i): m.stream_seed(seed, stream, i) for seed in range(4) for stream in m.STREAMS for i in range(4)}
+    seeds = {
+        (seed, stream, i): m.stream_seed(seed, stream, i) for seed in range(4) for stream in m.STREAMS for i in range(4)
+    }
     assert len(set(seeds.values())) == len(seeds)  # all distinct
     examples = list(range(64))
     for epoch in range(3):  # seed 1's epoch e is none of seed 0's epochs
-        assert all(m.offline_batch(examples, 8 * epoch, 64, 1) != m.offline_batch(examples, 8 * e, 64, 0) for e in range(4))
+        assert all(
+            m.offline_batch(examples, 8 * epoch, 64, 1) != m.offline_batch(examples, 8 * e, 64, 0) for e in range(4)
+        )
     assert m.round_prompts(64, 64, 0, 1) != m.round_prompts(64, 64, 1, 0)
     import numpy as np  # the documented recipe: child `stream` of SeedSequence(seed), its grandchild `index`
+
     child = np.random.SeedSequence(3).spawn(len(m.STREAMS))[m.STREAMS.index("sampling")]
     assert m.stream_seed(3, "sampling", 2) == int(child.spawn(3)[2].generate_state(1)[0])
 
@@ -662,9 +803,20 @@ def test_args_json_records_the_code_that_ran(tmp_path, toy):
 
     run_here("dpo_humanline.py", ["--max_steps", "1", "--save_every", "0"], tmp_path)
     record = json.load(open(tmp_path / "args.json"))["provenance"]
-    files = [f"{a}_humanline.py" for a in ("dpo", "kto", "grpo")] + ["humanline_sampling.py", "math_rewards.py", "toy_task.py", "toy/SHA256SUMS"]
+    files = [f"{a}_humanline.py" for a in ("dpo", "kto", "grpo")] + [
+        "humanline_sampling.py",
+        "math_rewards.py",
+        "toy_task.py",
+        "toy/SHA256SUMS",
+    ]
     digest = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in files)).hexdigest()[:16]
-    assert record["code"] == digest and record["torch"] == torch.__version__ and record["transformers"] == transformers.__version__
+    assert (
+        record["code"] == digest
+        and record["torch"] == torch.__version__
+        and record["transformers"] == transformers.__version__
+    )
     git = lambda *a: subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
     if git("rev-parse", "HEAD"):  # a git checkout (not an unpacked archive)
-        assert record["commit"] == git("rev-parse", "HEAD") and record["dirty"] == bool(git("status", "--porcelain", "--", *files))
+        assert record["commit"] == git("rev-parse", "HEAD") and record["dirty"] == bool(
+            git("status", "--porcelain", "--", *files)
+        )

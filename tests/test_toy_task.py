@@ -18,8 +18,17 @@ import toy_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dataclasses.replace(
-    toy_task.ToyConfig(), hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, sft_steps=4,
-    sft_batch_size=8, strong_steps=2, weak_step=2, n_train_prompts=40, n_test_prompts=8,
+    toy_task.ToyConfig(),
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=2,
+    sft_steps=4,
+    sft_batch_size=8,
+    strong_steps=2,
+    weak_step=2,
+    n_train_prompts=40,
+    n_test_prompts=8,
     offline_prompts=(("strong", 12), ("weak", 8)),
 )
 
@@ -111,7 +120,9 @@ def test_round_trip_through_from_pretrained_and_load_dataset(toy):
     train = datasets.load_dataset("json", data_files=toy.prompts_train, split="train")
     valid = datasets.load_dataset("json", data_files=toy.prompts_valid, split="train")
     assert len(valid) == 256 and valid.column_names == ["prompt", "solution"]
-    assert not set(train["prompt"]) & set(prompts["prompt"]) and not set(valid["prompt"]) & (set(train["prompt"]) | set(prompts["prompt"]))
+    assert not set(train["prompt"]) & set(prompts["prompt"]) and not set(valid["prompt"]) & (
+        set(train["prompt"]) | set(prompts["prompt"])
+    )
     # the loaded policy generates well-formed completions that the scorer can read
     out = toy_task.generate(model, tok, prompts["prompt"][:32], temperature=0.0)
     assert sum(toy_task.reward(prompts["prompt"][:32], out)) / 32 > 0.4
@@ -140,7 +151,7 @@ def test_offline_data_comes_from_another_model(toy):
         flat = [p for p in prompts for _ in range(4)]
         own = toy_task.generate(policy, tok, prompts, num_samples=4, temperature=1.0, seed=1)
         scores, logps = toy_task.reward(flat, own), toy_task.mean_token_logps(policy, tok, flat, own)
-        groups = [sorted(zip(scores[i: i + 4], logps[i: i + 4])) for i in range(0, len(flat), 4)]
+        groups = [sorted(zip(scores[i : i + 4], logps[i : i + 4])) for i in range(0, len(flat), 4)]
         own_pairs = sum(g[0][1] + g[-1][1] for g in groups) / (2 * len(groups))
         assert data < own_pairs - margin, (name, data, own_pairs)
 
@@ -223,16 +234,38 @@ def test_every_script_evaluates_the_starting_policy_at_step_0(script, toy, tmp_p
     """metrics.jsonl starts where training starts: a step-0 evaluation of the starting policy, equal to
     scoring its greedy completions directly."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, script, "--max_steps", "1", "--batch_size", "4", "--micro_batch_size", "4",
-                           "--eval_every", "1", "--num_eval_prompts", "8", "--output_dir", str(out), "--save_every", "0"],
-                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            script,
+            "--max_steps",
+            "1",
+            "--batch_size",
+            "4",
+            "--micro_batch_size",
+            "4",
+            "--eval_every",
+            "1",
+            "--num_eval_prompts",
+            "8",
+            "--output_dir",
+            str(out),
+            "--save_every",
+            "0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert records[0]["step"] == 0 and "loss" not in records[0]
     assert [r["step"] for r in records if "eval/reward" in r] == [0, 1]
     prompts = [json.loads(line)["prompt"] for line in open(toy.prompts_test)][:8]
-    accuracy, reward = toy_task.accuracy(AutoModelForCausalLM.from_pretrained(toy.model).eval(),
-                                         AutoTokenizer.from_pretrained(toy.model), prompts)
+    accuracy, reward = toy_task.accuracy(
+        AutoModelForCausalLM.from_pretrained(toy.model).eval(), AutoTokenizer.from_pretrained(toy.model), prompts
+    )
     assert records[0]["eval/reward"] == pytest.approx(reward, abs=1e-9)
     assert records[0]["eval/accuracy"] == pytest.approx(accuracy, abs=1e-9)
-

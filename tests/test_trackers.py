@@ -22,8 +22,12 @@ FLAGS = ["--max_steps", "3", "--batch_size", "8", "--num_eval_prompts", "8", "--
 def run(script, flags, out):
     argv = [script, *FLAGS, *flags, "--output_dir", str(out)]
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "humanline-test"}
-    with mock.patch.object(sys, "argv", argv), mock.patch.dict(os.environ, env), \
-            contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with (
+        mock.patch.object(sys, "argv", argv),
+        mock.patch.dict(os.environ, env),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -40,8 +44,8 @@ def wandb_records(path):
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
             pos += 32768 - pos % 32768
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        part, pos = part + data[pos + 7:pos + 7 + length], pos + 7 + length
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        part, pos = part + data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(part)
@@ -50,14 +54,18 @@ def wandb_records(path):
     return out
 
 
-@pytest.mark.parametrize("script, flags", [("dpo_humanline.py", ["--humanline"]),
-                                           ("grpo_humanline.py", ["--online", "--num_generations", "4"])])
+@pytest.mark.parametrize(
+    "script, flags",
+    [("dpo_humanline.py", ["--humanline"]), ("grpo_humanline.py", ["--online", "--num_generations", "4"])],
+)
 def test_tensorboard_and_wandb_hold_every_value_of_metrics_jsonl(script, flags, tmp_path, toy):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     records = run(script, [*flags, "--report_to", "tensorboard,wandb"], tmp_path)
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3] and records[0]["step"] == 0  # the step-0 evaluation
-    expected = {(r["step"], k): v for r in records for k, v in r.items() if k != "step"}  # a round's line: its first step
+    expected = {
+        (r["step"], k): v for r in records for k, v in r.items() if k != "step"
+    }  # a round's line: its first step
     assert "eval/reward" in records[0] and any("eval/reward" in r and r["step"] == 2 for r in records)
 
     board = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
