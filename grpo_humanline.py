@@ -76,10 +76,7 @@ class Args:
     pairs_from_samples: bool = arg(False, "Online: Algorithm 1's (best, worst) pairs in rounds, as groups of two.")
     # model and data
     model_name_or_path: str = arg("toy", "'toy' (the built-in task) or a causal LM.")
-    dataset: str = arg(
-        "toy",
-        "Offline: prompt, chosen, rejected rows; online: prompt (or problem) rows. 'toy', 'toy:weak', a hub name or file.",
-    )
+    dataset: str = arg("toy", "Preference rows (online: prompt or problem): 'toy', 'toy:weak', a hub name, a file.")
     dataset_split: str = arg("train", "Split of --dataset (a file's: train), or a slice: 'train[:10000]'.")
     eval_prompts: str = arg("toy", "Held-out prompts: 'toy' (test split), 'toy:valid', a hub name, a file, or 'none'.")
     reward_model: str = arg("toy", "Evaluation scorer: toy, toy_verify, accuracy, a reward model, or module:function.")
@@ -326,67 +323,40 @@ def best_worst_pairs(groups, threshold):
 
 
 def main():
-    args = parse_args(
-        Args,
-        "grpo",
-        checks=lambda a, given: [
-            (
-                a.num_generations < 2 or a.sample_every < 1,
-                "--num_generations must be at least 2 and --sample_every at least 1",
-            ),
-            (
-                a.pairs_from_samples and (a.offline or a.sample_every != 1),
-                "--pairs_from_samples needs --online and rounds (--round_size), not --sample_every",
-            ),
+    def checks(a, given):
+        group = 2 if a.offline or a.pairs_from_samples else a.num_generations
+        online_only = a.offline and given & {"sample_every", "reward_funcs", "reward_weights"}
+        pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
+        funcs, weights = (a.reward_funcs or "x").split(","), (a.reward_weights or a.reward_funcs or "x").split(",")
+        return [
+            (a.num_generations < 2 or a.sample_every < 1, "--num_generations must be at least 2, --sample_every 1"),
+            (a.pairs_from_samples and (a.offline or a.sample_every != 1), "--pairs_from_samples: --online, in rounds"),
             (a.eps is not None and a.eps <= 0, f"--eps must be above 0, got {a.eps}"),
-            (
-                a.beta < 0 or a.logps_temperature <= 0,
-                f"--beta ({a.beta}) must be at least 0, --logps_temperature ({a.logps_temperature}) above 0",
-            ),
-            (
-                a.offline and given & {"sample_every", "reward_funcs", "reward_weights"},
-                "--sample_every, --reward_funcs and --reward_weights act only with --online",
-            ),
-            (
-                a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"},
-                "--round_size and --reward_threshold act only with --pairs_from_samples",
-            ),
-            (
-                a.batch_size % (2 if a.offline or a.pairs_from_samples else a.num_generations),
-                f"--batch_size {a.batch_size} must be a multiple of the group size (2 offline and with pairs, else --num_generations)",
-            ),
-            (
-                len((a.reward_weights or a.reward_funcs or "x").split(",")) != len((a.reward_funcs or "x").split(",")),
-                f"--reward_weights {a.reward_weights} needs one weight per --reward_funcs name ({a.reward_funcs})",
-            ),
-        ],
-    )
+            (a.beta < 0 or a.logps_temperature <= 0, "--beta must be at least 0, --logps_temperature above 0"),
+            (online_only, "--sample_every, --reward_funcs and --reward_weights act only with --online"),
+            (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
+            (a.batch_size % group, f"--batch_size {a.batch_size} must be a multiple of the group size, {group}"),
+            (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one weight per --reward_funcs name"),
+        ]
+
+    args = parse_args(Args, "grpo", checks)
     if args.eps is None:  # the paper: 0.5 for plain offline GRPO, 0.15 for everything else
         args.eps = 0.5 if args.offline and args.sync == "none" and args.clip == "none" else 0.15
     args.reward_funcs = args.reward_funcs or ("toy" if args.pairs_from_samples else "toy_verify")
     args.reward_weights = args.reward_weights or math_rewards.default_weights(args.reward_funcs.split(","))
     group_size = 2 if args.offline or args.pairs_from_samples else args.num_generations
-    prompts_per_round = (
-        args.round_size if args.pairs_from_samples else args.sample_every * args.batch_size // group_size
-    )
+    per_round = args.round_size if args.pairs_from_samples else args.sample_every * args.batch_size // group_size
     rt = setup(args)  # processes, device, seeds
     tokenizer, toy = load_tokenizer(args)
 
     # data: every row is checked before any model loads, so that bad data stops a run in seconds
     if args.offline:  # ALGO LOGIC: Algorithm 2: each pair a group of two whose rewards rank chosen first
-        train_groups = [
-            (p, cs, [1.0, 0.0])
-            for p, cs, _ in load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size // 2)
-        ]
+        rows = load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size // 2)
+        train_groups = [(p, cs, [1.0, 0.0]) for p, cs, _ in rows]
     else:
-        train_prompts = load_data(args, "prompts", tokenizer, toy, rt, need=prompts_per_round)
-    plan_run(
-        args,
-        len(train_groups if args.offline else train_prompts),
-        args.batch_size // group_size,
-        "pairs" if args.offline else "prompts",
-        rt.rank,
-    )
+        train_prompts = load_data(args, "prompts", tokenizer, toy, rt, need=per_round)
+    data = train_groups if args.offline else train_prompts
+    plan_run(args, len(data), args.batch_size // group_size, "pairs" if args.offline else "prompts", rt.rank)
     eval_prompts = load_data(args, "eval", tokenizer, toy, rt)
 
     # models: the policy, its reference (sharded exactly like it), the KL baseline, the scorers; optimizer, schedule
@@ -395,32 +365,21 @@ def main():
     base = None  # --kl_baseline initial: a frozen starting policy (unless the reference is one: offline, never synced)
     if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
         base = load_model(args, toy, rt).eval().requires_grad_(False)
-    reward_fns = (
-        [
-            (n, float(w), make_scorer(n, args, rt))
-            for n, w in zip(args.reward_funcs.split(","), args.reward_weights.split(","))
-        ]
-        if args.online
-        else []
-    )
+    funcs = zip(args.reward_funcs.split(","), args.reward_weights.split(",")) if args.online else []
+    reward_fns = [(name, float(weight), make_scorer(name, args, rt)) for name, weight in funcs]
     scorer = make_scorer(args.reward_model, args, rt) if eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
-    sampling_params = humanline_sampling.limit_parameters(
-        math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c
-    )
+    eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)
+    sampling_params = humanline_sampling.limit_parameters(eps_P, eps_R, c=args.sampling_c)
     sampling_gen = torch.Generator(rt.device).manual_seed(stream_seed(args.seed, "rejection", rt.rank))
     state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead={}, ref_weights=None, bad_steps=0)
 
     def step_batch(s):
-        """Step s's sequences: offline a function of s alone; online a slice of the sampled buffer (None past its end)."""
+        """Step s's sequences: offline a function of s alone; online a slice of the sampled buffer (None past it)."""
         if args.offline:
             return group_sequences(offline_batch(train_groups, s, args.batch_size // 2, args.seed), args.advantage_std)
-        i = s - state.round_start
-        return (
-            state.round[i * args.batch_size : (i + 1) * args.batch_size]
-            if i < len(state.round) // args.batch_size
-            else None
-        )
+        i, b = s - state.round_start, args.batch_size
+        return state.round[i * b : (i + 1) * b] if i < len(state.round) // b else None
 
     session = Session(args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state)  # resumes
     evaluate_policy = (lambda: evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)) if eval_prompts else None
@@ -436,13 +395,10 @@ def main():
             # with pairs, Algorithm 1's round start (syncing goes on within the round)
             if reset_each_sampling:
                 sync_reference(ref, policy)
-            rows = [
-                train_prompts[i]
-                for i in round_prompts(len(train_prompts), prompts_per_round, state.round_index, args.seed)
-            ]
-            groups, record = sample_and_score(
-                policy, tokenizer, reward_fns, rows, args.num_generations, args, state.round_index, rt
-            )
+            order = round_prompts(len(train_prompts), per_round, state.round_index, args.seed)
+            rows = [train_prompts[i] for i in order]
+            samples = (rows, args.num_generations, args, state.round_index, rt)
+            groups, record = sample_and_score(policy, tokenizer, reward_fns, *samples)
             state.round_index, state.round_start = state.round_index + 1, state.step
             if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
                 pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
@@ -453,124 +409,59 @@ def main():
                 groups = [g[1:] for g in groups if None not in g[3]]
             seqs = group_sequences(groups, args.advantage_std)
             state.round = seqs[: len(seqs) // args.batch_size * args.batch_size]
-            session.log(
-                {
-                    "step": state.step,
-                    "online/round": state.round_index,
-                    **record,
-                    "online/groups": len(groups),
-                    "online/zero_std_frac": sum(len(set(s)) == 1 for _, _, s in groups) / max(1, len(groups)),
-                    "online/steps": len(state.round) // args.batch_size,
-                    "online/seconds": time.time() - t0,
-                }
-            )
-            if not state.round:
-                raise SystemExit(
-                    f"round {state.round_index} gave {len(groups)} groups, fewer than one batch of {args.batch_size} "
-                    "sequences; raise --round_size or lower --reward_threshold (pairs), or use more prompts"
-                )
+            record = {"step": state.step, "online/round": state.round_index} | record | {"online/groups": len(groups)}
+            record["online/zero_std_frac"] = sum(len(set(s)) == 1 for _, _, s in groups) / max(1, len(groups))
+            record |= {"online/steps": len(state.round) // args.batch_size, "online/seconds": time.time() - t0}
+            session.log(record)
+            few = f"round {state.round_index} gave {len(groups)} groups, fewer than one batch of {args.batch_size} "
+            fail(not state.round, few + "sequences; raise --round_size or lower --reward_threshold, or add prompts")
             continue
         # REF-FREE: the policy as it is now is (or is about to be synced into) the reference of a run of steps
-        ref_seconds = (
-            0.0
-            if ref is not None
-            else reference_ahead(
-                policy,
-                state,
-                state.round_start if reset_each_sampling else None,
-                step_batch,
-                forward_batches,
-                tokenizer,
-                args,
-                rt,
-            )
-        )
+        reset = state.round_start if reset_each_sampling else None
+        ahead = (policy, state, reset, step_batch, forward_batches, tokenizer, args, rt)
+        ref_seconds = 0.0 if ref is not None else reference_ahead(*ahead)
         ahead = state.ref_ahead.pop(state.step, None)
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens over all micro-batches and processes
-        n_tokens = torch.tensor(
-            float(sum(len(c) for _, sequences in forwards for _, c in sequences)), dtype=torch.float64, device=rt.device
-        )
+        n_tokens = float(sum(len(c) for _, sequences in forwards for _, c in sequences))
+        n_tokens = torch.tensor(n_tokens, dtype=torch.float64, device=rt.device)
         if rt.world > 1:
             dist.all_reduce(n_tokens)
         n_tokens = max(1.0, n_tokens.item())
 
-        sums = {}
+        sums, head = {}, (rt.head_dtype, rt.logps_temperature)
         for micro, (seqs, sequences) in enumerate(forwards):
             ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
             with rt.autocast:
                 with torch.no_grad():
-                    ref_logps = (
-                        token_logps(ref, ids, attn, mask, rt.head_dtype, rt.logps_temperature)
-                        if ref is not None
-                        else ahead[micro].to(rt.device)
-                    )
-                    base_logps = (
-                        token_logps(base, ids, attn, mask, rt.head_dtype, rt.logps_temperature)
-                        if base is not None
-                        else None
-                    )
-                policy_logps = token_logps(policy, ids, attn, mask, rt.head_dtype, rt.logps_temperature)
-            mask = mask[:, 1:]
+                    ref_logps = token_logps(ref, ids, attn, mask, *head) if ref is not None else ahead[micro]
+                    base_logps = token_logps(base, ids, attn, mask, *head) if base is not None else None
+                policy_logps = token_logps(policy, ids, attn, mask, *head)
+            ref_logps, mask = ref_logps.to(rt.device), mask[:, 1:]
             # ALGO LOGIC: the ratio's denominator is the reference: frozen offline, synced under --sync, else online
             # the sampler (PPO's theta_old); the KL baseline: the reference, or the initial policy
             baseline = ref_logps if base is None else base_logps
             bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             rejected = None
-            if (
-                args.clip == "sampling"
-            ):  # HUMANLINE: the ablation: rejected tokens' ratios are detached instead of clamped
-                rejected = humanline_sampling.rejection_mask(
-                    policy_logps, ref_logps, *sampling_params, generator=sampling_gen
-                )
+            if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens' ratios are detached, not clamped
+                reject = humanline_sampling.rejection_mask
+                rejected = reject(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
             advantages = torch.tensor([s[2] for s in seqs], device=rt.device)
-            loss, metrics = grpo_loss(
-                policy_logps,
-                ref_logps,
-                baseline,
-                mask,
-                advantages,
-                args.eps,
-                args.beta,
-                *bounds,
-                num_tokens=n_tokens,
-                rejected=rejected,
-            )
+            logps = (policy_logps, ref_logps, baseline, mask, advantages, args.eps, args.beta, *bounds)
+            loss, metrics = grpo_loss(*logps, num_tokens=n_tokens, rejected=rejected)
             (loss * rt.world).backward()  # FSDP2 averages the gradients over processes
-            accumulate(
-                sums,
-                metrics
-                | {
-                    "tokens": mask.sum(),
-                    "completion_length": mask.sum(-1),
-                    "humanline/clamped_frac": clamped_fraction(
-                        policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R
-                    ),
-                }
-                | ({"reward": torch.tensor([s[3] for s in seqs])} if args.online else {}),
-            )
+            clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
+            metrics |= {"tokens": mask.sum(), "completion_length": mask.sum(-1), "humanline/clamped_frac": clamped}
+            accumulate(sums, metrics | ({"reward": torch.tensor([s[3] for s in seqs])} if args.online else {}))
 
         skip, stop = session.agree(sums)  # a non-finite loss skips the step; a SIGTERM stops after it
         lr = scheduler.get_last_lr()[0]
-        grad_norm, sync_seconds = optimizer_step(
-            policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, state.step, skip=skip
-        )
-        session.end_step(
-            sums,
-            grad_norm,
-            lr,
-            skip,
-            stop,
-            t0,
-            cpu0,
-            evaluate_policy,
-            extra={"perf/sync_seconds": ref_seconds + sync_seconds}
-            | (
-                {"online/round": state.round_index, "online/staleness": state.step - state.round_start}
-                if args.online
-                else {}
-            ),
-        )
+        update = (args.max_grad_norm, args.sync, args.sync_every, state.step)
+        grad_norm, sync_seconds = optimizer_step(policy, ref, optimizer, scheduler, *update, skip=skip)
+        timing = {"perf/sync_seconds": ref_seconds + sync_seconds}
+        if args.online:
+            timing |= {"online/round": state.round_index, "online/staleness": state.step - state.round_start}
+        session.end_step(sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy, extra=timing)
     session.finish()
 
 

@@ -260,12 +260,8 @@ def forward_batches(batch, args, rank, world):
     """ALGO LOGIC: per micro-batch, (its examples, the (prompt_ids, completion_ids) of its one forward per model:
     the examples, then their KL pairs). The KL pairs are formed over the whole batch, then split like it."""
     kl_batch = kto_kl_pairs(batch, args.max_length)
-    return [
-        (examples, [(p, c) for p, c, _ in examples] + kl_pairs)
-        for examples, kl_pairs in zip(
-            micro_batches(batch, args, rank, world), micro_batches(kl_batch, args, rank, world)
-        )
-    ]
+    micro = zip(micro_batches(batch, args, rank, world), micro_batches(kl_batch, args, rank, world))
+    return [(examples, [(p, c) for p, c, _ in examples] + kl_pairs) for examples, kl_pairs in micro]
 
 
 def collate(sequences, pad_id, device):
@@ -313,34 +309,22 @@ def best_worst_pairs(groups, threshold):
 
 
 def main():
-    args = parse_args(
-        Args,
-        "kto",
-        checks=lambda a, given: [
-            (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
-            (
-                a.batch_size < 2,
-                "--batch_size must be at least 2: the KL estimate pairs each example with another's completion",
-            ),
-            (
-                min(a.desirable_weight, a.undesirable_weight) <= 0,
-                "--desirable_weight and --undesirable_weight must be above 0",
-            ),
-            (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
-        ],
-    )
+    checks = lambda a, given: [  # noqa: E731
+        (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
+        (a.batch_size < 2, "--batch_size must be at least 2: the KL estimate pairs examples with others' completions"),
+        (min(a.desirable_weight, a.undesirable_weight) <= 0, "--desirable_weight, --undesirable_weight: above 0"),
+        (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
+    ]
+    args = parse_args(Args, "kto", checks)
     rt = setup(args)  # processes, device, seeds
     tokenizer, toy = load_tokenizer(args)
 
     # data: every row is checked before any model loads, so that bad data stops a run in seconds
     if args.offline:
-        train_examples = [
-            (p, c, d) for p, cs, ds in load_data(args, "examples", tokenizer, toy, rt) for c, d in zip(cs, ds)
-        ]
-        fail(
-            len(train_examples) < args.batch_size,
-            f"{args.dataset}: {len(train_examples)} examples, fewer than one batch ({args.batch_size})",
-        )
+        rows = load_data(args, "examples", tokenizer, toy, rt)
+        train_examples = [(p, c, d) for p, cs, ds in rows for c, d in zip(cs, ds)]
+        few = f"{args.dataset}: {len(train_examples)} examples, fewer than one batch ({args.batch_size})"
+        fail(len(train_examples) < args.batch_size, few)
         plan_run(args, len(train_examples), args.batch_size, "examples", rt.rank)
     else:  # at most one pair (two examples) per prompt: a round whose prompts keep fewer pairs gives fewer steps
         train_prompts = load_data(args, "prompts", tokenizer, toy, rt, need=args.round_size)
@@ -352,9 +336,8 @@ def main():
     ref = None if args.ref_free == "on" else load_model(args, toy, rt).eval().requires_grad_(False)
     scorer = make_scorer(args.reward_model, args, rt) if args.online or eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
-    sampling_params = humanline_sampling.limit_parameters(
-        math.exp(args.log_eps_P), math.exp(args.log_eps_R), c=args.sampling_c
-    )
+    eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)
+    sampling_params = humanline_sampling.limit_parameters(eps_P, eps_R, c=args.sampling_c)
     sampling_gen = torch.Generator(rt.device).manual_seed(stream_seed(args.seed, "rejection", rt.rank))
     state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead={}, ref_weights=None, bad_steps=0)
 
@@ -362,12 +345,8 @@ def main():
         """Step s's examples: offline a function of s alone; online a slice of the current round (None past its end)."""
         if args.offline:
             return offline_batch(train_examples, s, args.batch_size, args.seed)
-        i = s - state.round_start
-        return (
-            state.round[i * args.batch_size : (i + 1) * args.batch_size]
-            if i < len(state.round) // args.batch_size
-            else None
-        )
+        i, b = s - state.round_start, args.batch_size
+        return state.round[i * b : (i + 1) * b] if i < len(state.round) // b else None
 
     session = Session(args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state)  # resumes
     evaluate_policy = (lambda: evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)) if eval_prompts else None
@@ -377,49 +356,25 @@ def main():
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
-            # ALGO LOGIC: a new round of Algorithm 1: reference <- policy, sample, score, pair; a pair gives two examples
+            # ALGO LOGIC: a new round of Algorithm 1: reference <- policy, sample, score, pair (two examples each)
             sync_reference(ref, policy)
-            rows = [
-                train_prompts[i]
-                for i in round_prompts(len(train_prompts), args.round_size, state.round_index, args.seed)
-            ]
-            groups, record = sample_and_score(
-                policy,
-                tokenizer,
-                [(args.reward_model, 1.0, scorer)],
-                rows,
-                args.num_samples,
-                args,
-                state.round_index,
-                rt,
-            )
+            order = round_prompts(len(train_prompts), args.round_size, state.round_index, args.seed)
+            rows, scorers = [train_prompts[i] for i in order], [(args.reward_model, 1.0, scorer)]
+            samples = (rows, args.num_samples, args, state.round_index, rt)
+            groups, record = sample_and_score(policy, tokenizer, scorers, *samples)
             pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
             state.round_index, state.round_start = state.round_index + 1, state.step
             shuffle = torch.Generator().manual_seed(stream_seed(args.seed, "shuffle", state.round_index))
             examples = [(p, c, d) for p, cs, _ in pairs for c, d in zip(cs, (True, False))]
             state.round = [examples[i] for i in torch.randperm(len(examples), generator=shuffle).tolist()]
-            session.log(
-                {
-                    "step": state.step,
-                    "online/round": state.round_index,
-                    **record,
-                    "online/pairs": len(pairs),
-                    "online/kept_frac": len(pairs) / len(rows),
-                    "online/seconds": time.time() - t0,
-                }
-            )
-            if len(examples) < args.batch_size:
-                raise SystemExit(
-                    f"round {state.round_index} kept {len(examples)} examples, fewer than one batch; "
-                    "raise --round_size or lower --reward_threshold"
-                )
+            record = {"step": state.step, "online/round": state.round_index} | record | {"online/pairs": len(pairs)}
+            session.log(record | {"online/kept_frac": len(pairs) / len(rows), "online/seconds": time.time() - t0})
+            few = f"round {state.round_index} kept {len(examples)} examples, fewer than one batch; raise --round_size"
+            fail(len(examples) < args.batch_size, few + " or lower --reward_threshold")
             continue
         # REF-FREE: the policy as it is now is (or is about to be synced into) the reference of a run of steps
-        ref_seconds = (
-            0.0
-            if ref is not None
-            else reference_ahead(policy, state, state.round_start, step_batch, forward_batches, tokenizer, args, rt)
-        )
+        ahead = (policy, state, state.round_start, step_batch, forward_batches, tokenizer, args, rt)
+        ref_seconds = 0.0 if ref is not None else reference_ahead(*ahead)
         ahead = state.ref_ahead.pop(state.step, None)
 
         sums = {}
@@ -428,67 +383,32 @@ def main():
             ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
             with rt.autocast:
                 with torch.no_grad():
-                    ref_logps = (
-                        token_logps(ref, ids, attn, mask, rt.head_dtype)
-                        if ref is not None
-                        else ahead[micro].to(rt.device)
-                    )
+                    ref_logps = token_logps(ref, ids, attn, mask, rt.head_dtype) if ref is not None else ahead[micro]
                 policy_logps = token_logps(policy, ids, attn, mask, rt.head_dtype)
-            mask = mask[:, 1:]
+            ref_logps, mask = ref_logps.to(rt.device), mask[:, 1:]
             bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached instead of clamped
-                policy_logps, _ = humanline_sampling.apply_humanline_sampling(
-                    policy_logps, ref_logps, *sampling_params, generator=sampling_gen
-                )
+                sample = humanline_sampling.apply_humanline_sampling
+                policy_logps, _ = sample(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
             n = len(examples)
             desirable = torch.tensor([d for _, _, d in examples], dtype=torch.bool, device=rt.device)
             # ALGO LOGIC: z0 from this forward's KL pairs on every process (sum and count all-reduced), no gradient
-            kl = kto_kl_estimate(
-                policy_logps[n:], ref_logps[n:], mask[n:], *bounds, all_reduce=dist.all_reduce if rt.world > 1 else None
-            )
-            losses, metrics = kto_loss(
-                policy_logps[:n],
-                ref_logps[:n],
-                mask[:n],
-                desirable,
-                kl,
-                args.beta,
-                args.desirable_weight,
-                args.undesirable_weight,
-                *bounds,
-            )
+            reduce = dist.all_reduce if rt.world > 1 else None
+            kl = kto_kl_estimate(policy_logps[n:], ref_logps[n:], mask[n:], *bounds, all_reduce=reduce)
+            weights = (args.beta, args.desirable_weight, args.undesirable_weight)
+            losses, metrics = kto_loss(policy_logps[:n], ref_logps[:n], mask[:n], desirable, kl, *weights, *bounds)
             (losses.sum() * rt.world / args.batch_size).backward()
             logps = policy_logps[:n].detach().sum(-1) / mask[:n].sum(-1)
-            accumulate(
-                sums,
-                metrics
-                | {
-                    "loss": losses.detach(),
-                    "tokens": mask.sum(),
-                    "logps/chosen": logps[desirable],
-                    "logps/rejected": logps[~desirable],
-                    "humanline/clamped_frac": clamped_fraction(
-                        policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R
-                    ),
-                },
-            )
+            clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
+            metrics |= {"loss": losses.detach(), "tokens": mask.sum(), "humanline/clamped_frac": clamped}
+            accumulate(sums, metrics | {"logps/chosen": logps[desirable], "logps/rejected": logps[~desirable]})
 
         skip, stop = session.agree(sums)  # a non-finite loss skips the step; a SIGTERM stops after it
         lr = scheduler.get_last_lr()[0]
-        grad_norm, sync_seconds = optimizer_step(
-            policy, ref, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, state.step, skip=skip
-        )
-        session.end_step(
-            sums,
-            grad_norm,
-            lr,
-            skip,
-            stop,
-            t0,
-            cpu0,
-            evaluate_policy,
-            extra={"perf/sync_seconds": ref_seconds + sync_seconds},
-        )
+        update = (args.max_grad_norm, args.sync, args.sync_every, state.step)
+        grad_norm, sync_seconds = optimizer_step(policy, ref, optimizer, scheduler, *update, skip=skip)
+        timing = {"perf/sync_seconds": ref_seconds + sync_seconds}
+        session.end_step(sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy, extra=timing)
     session.finish()
 
 

@@ -5,7 +5,7 @@
 - The helpers of the method that the three share (syncing, the optimizer step, batching, log-probs, pairing) are
   identical too, above the banner.
 - `grep -n "HUMANLINE:"` shows the method only: at most 8 lines per script. Above the banner each script stays
-  within its budget (400, 450, 500 lines).
+  within its budget (430, 480, 530 lines, as ruff formats it).
 - Every bad argument or file ends the run with one line that names the flag or the file (no traceback), before
   any model is loaded."""
 
@@ -25,7 +25,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 BANNER = "# ============ TRY NOT TO MODIFY: everything below is plumbing, identical in the three scripts"
-BUDGET_ABOVE = {"dpo_humanline.py": 400, "kto_humanline.py": 450, "grpo_humanline.py": 500}
+BUDGET_ABOVE = {"dpo_humanline.py": 430, "kto_humanline.py": 480, "grpo_humanline.py": 530}  # ruff-formatted
 SHARED_METHOD = (
     "clamped_fraction",
     "sync_reference",
@@ -370,3 +370,9 @@ def test_every_results_table_row_in_the_docs_is_a_row_of_a_generated_table():
     rows = [line for line in section.splitlines() if line.startswith("| ")]
     assert len(rows) > 20
     assert not [row for row in rows if row not in generated]  # each figure traceable to the table it was copied from
+
+
+def test_every_python_file_is_formatted_and_lint_clean_as_pyproject_toml_configures_ruff():
+    for command in (["format", "--check", "."], ["check", "."]):
+        proc = subprocess.run([sys.executable, "-m", "ruff", *command], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, f"ruff {' '.join(command)}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
