@@ -425,7 +425,8 @@ def parse_args(Args, name, checks):
     fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
     given = {f.name for f in fields(Args) if getattr(args, f.name) != f.default}  # set to other than their default
     explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
-    fail(args.humanline and explicit, f"--humanline means --sync humanline --clip clamp: drop {explicit} or it")
+    means = f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline"
+    fail(args.humanline and explicit, means)
     fail(args.offline and args.online, "choose one of --offline and --online")
     args.offline = not args.online
     args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
@@ -447,7 +448,8 @@ def parse_args(Args, name, checks):
     trackers = f"--report_to {args.report_to}: none, tensorboard, wandb or tensorboard,wandb"
     fail(not set(args.report_to.split(",")) <= {"none", "tensorboard", "wandb"}, trackers)
     fail(args.system_prompt and not args.as_chat, "--system_prompt needs --as_chat (it is the chat's system message)")
-    fail(not args.log_eps_P < 0 < args.log_eps_R, f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}")
+    bounds = f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}"
+    fail(not args.log_eps_P < 0 < args.log_eps_R, bounds)
     lengths = f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})"
     fail(args.max_prompt_length >= args.max_length, lengths)
     longest = args.max_prompt_length + args.max_new_tokens
