@@ -387,6 +387,9 @@ def main():
         session.log({"step": 0} | evaluate_policy())
 
     reset_each_sampling = args.sync == "none" or args.pairs_from_samples
+    # on-policy (a fresh sampling every step, no sync): the sampler is the policy as it stands, so the ratio's
+    # denominator is the policy's own log-probs, detached; no second forward
+    on_policy = args.online and args.sample_every == 1 and not args.pairs_from_samples and args.sync == "none"
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
@@ -419,7 +422,7 @@ def main():
         # REF-FREE: the policy as it is now is (or is about to be synced into) the reference of a run of steps
         reset = state.round_start if reset_each_sampling else None
         ahead = (policy, state, reset, step_batch, forward_batches, tokenizer, args, rt)
-        ref_seconds = 0.0 if ref is not None else reference_ahead(*ahead)
+        ref_seconds = 0.0 if ref is not None or on_policy else reference_ahead(*ahead)
         ahead = state.ref_ahead.pop(state.step, None)
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens over all micro-batches and processes
@@ -434,10 +437,12 @@ def main():
             ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
             with rt.autocast:
                 with torch.no_grad():
-                    ref_logps = token_logps(ref, ids, attn, mask, *head) if ref is not None else ahead[micro]
+                    ref_logps = token_logps(ref, ids, attn, mask, *head) if ref is not None and not on_policy else None
                     base_logps = token_logps(base, ids, attn, mask, *head) if base is not None else None
                 policy_logps = token_logps(policy, ids, attn, mask, *head)
-            ref_logps, mask = ref_logps.to(rt.device), mask[:, 1:]
+            if on_policy:  # the sampler is the policy as it stands: its own log-probs, detached
+                ref_logps = policy_logps.detach()
+            ref_logps, mask = (ahead[micro] if ref_logps is None else ref_logps).to(rt.device), mask[:, 1:]
             # ALGO LOGIC: the ratio's denominator is the reference: frozen offline, synced under --sync, else online
             # the sampler (PPO's theta_old); the KL baseline: the reference, or the initial policy
             baseline = ref_logps if base is None else base_logps

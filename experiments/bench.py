@@ -304,12 +304,149 @@ def trl_worker(opts):
     return timing | {"tokens": tokens, "peak_gib": peak_gib(device), "same_tokens": theirs == [ours[i] for i in order]}
 
 
-def run_trl(options, model_path, batch, steps, device, memory=False):
+# GRPO side by side (--trl --algos grpo): the same prompts per step, group size, length cap, temperature, top-p and
+# reward (the toy verifier), the same AdamW settings; end to end (sampling, scoring, training) per step
+GRPO_SIDE_BY_SIDE = [
+    ("ours: online (on-policy)", ["--online"]),
+    ("ours: offline + humanline", ["--offline", "--humanline"]),
+    ("ours: off-policy + humanline", ["--online", "--humanline", "--sample_every", "64", "--sync_every", "16"]),
+    ("TRL: GRPO defaults", {}),
+    ("TRL: GRPO, no checkpointing", {"gradient_checkpointing": False}),
+]
+TRL_GRPO_SETTINGS = dict(  # each one set to our scripts' online GRPO default; the rest are TRL's own
+    learning_rate=5e-6,
+    warmup_steps=0.1,
+    lr_scheduler_type="linear",
+    weight_decay=0.01,
+    adam_epsilon=1e-5,
+    max_grad_norm=1.0,
+    num_generations=8,
+    max_completion_length=40,
+    temperature=0.7,
+    top_p=0.95,
+    top_k=0,
+    epsilon=0.15,
+    beta=0.0,  # ours: 0.01 against the sampler, which on-policy is the policy itself: the KL term is 0 either way
+    loss_type="dapo",  # ours: the step's completion tokens (DAPO)
+    scale_rewards="group",
+    steps_per_generation=1,  # on-policy: one sampling per optimizer step
+    disable_dropout=True,  # ours: dropout off
+    seed=0,
+)
+
+
+def trl_grpo_worker(opts):
+    """TRL's GRPOTrainer on the toy's training prompts in our first steps' order, scored by the toy verifier, timed
+    per optimizer step (sampling, scoring and training: TRL samples inside the step). Prints {steps, cpu, peak_gib}."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    import toy_task
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if opts.steps == 0:
+        return {"peak_gib": peak_gib(device)}
+    toy = toy_task.load()
+    path = toy.model if opts.model_path == "toy" else opts.model_path
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.pad_token = tok.pad_token or tok.eos_token
+    with open(toy.prompts_train) as f:
+        prompts = [json.loads(line)["prompt"] for line in f]
+    per_step = opts.batch // TRL_GRPO_SETTINGS["num_generations"]
+    dataset = datasets.Dataset.from_list([{"prompt": p} for p in prompts[: per_step * opts.steps]])
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=opts.batch,
+        max_steps=opts.steps,
+        save_strategy="no",
+        report_to=[],
+        logging_steps=1,
+        use_cpu=device.type == "cpu",
+        bf16=device.type == "cuda",
+        dataloader_num_workers=0,
+        **TRL_GRPO_SETTINGS,
+        **json.loads(opts.trl_options),
+    )
+    timing = {"steps": [], "cpu": []}
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, *_, **__):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            timing["steps"].append(time.perf_counter() - self.t0)
+            timing["cpu"].append(time.process_time() - self.cpu0)
+
+    def verify(prompts, completions, **_):
+        return toy_task.verify(prompts, completions)
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=verify, args=config, train_dataset=dataset, processing_class=tok, callbacks=[Timer()]
+    )
+    trainer.train()
+    return timing | {"peak_gib": peak_gib(device)}
+
+
+def grpo_side_by_side(opts, device, workdir):
+    """GRPO_SIDE_BY_SIDE, --repeats times interleaved, each run a fresh process. Ours end to end per step: the
+    training step plus the sampling and scoring that feed it (a sampling that feeds N steps counts 1/N to each);
+    TRL's step holds its sampling. Wall time (sampling is most of it; run on a quiet machine); peak RSS."""
+    model = opts.models[0]
+    path = "toy" if model == "toy" else random_llama(os.path.join(ROOT, ".cache", "bench"))
+    batch, runs, memory = 64, {name: [] for name, _ in GRPO_SIDE_BY_SIDE}, {name: [] for name, _ in GRPO_SIDE_BY_SIDE}
+    for rep in range(opts.repeats):
+        for name, flags in GRPO_SIDE_BY_SIDE:
+            print(f"[{device} {model}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
+            if isinstance(flags, dict):
+                r = run_trl(flags, path, batch, opts.steps, device, worker="trl_grpo")
+                step = statistics.mean(r["steps"])
+            else:
+                r = run_script("grpo", path, flags, batch, opts.steps, device, workdir)
+                every = int(flags[flags.index("--sample_every") + 1]) if "--sample_every" in flags else 1
+                sampled = r["round_total_s"] / (every * r["rounds"]) if r["rounds"] else 0.0
+                step = statistics.mean(r["steps"]) + sampled
+            runs[name].append(step)
+            memory[name].append(r["peak_gib"])
+    rows = []
+    for name, _ in GRPO_SIDE_BY_SIDE:
+        row = {"device": device, "model": model, "config": name, "batch_size": batch, "steps": opts.steps}
+        row |= {"basis": "wall", "step_s": runs[name], "peak_gib": max(memory[name])}
+        for other in ("TRL: GRPO defaults", "TRL: GRPO, no checkpointing"):
+            ratios = [a / b for a, b in zip(runs[name], runs[other])]
+            row[f"vs {other}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+        row["memory vs TRL defaults"] = row["peak_gib"] / max(memory["TRL: GRPO defaults"])
+        rows.append(row)
+    return rows
+
+
+def grpo_side_by_side_table(rows):
+    lines = [
+        "| configuration | step (s), median of repeats | / TRL defaults: median [min, max] "
+        "| / TRL no checkpointing: median [min, max] | peak memory (GiB) | / TRL defaults |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cell = lambda k: f"{r[k]['median']:.3f} [{r[k]['min']:.3f}, {r[k]['max']:.3f}]"  # noqa: E731
+        lines.append(
+            f"| {r['config']} | {statistics.median(r['step_s']):.3f} | {cell('vs TRL: GRPO defaults')} | "
+            f"{cell('vs TRL: GRPO, no checkpointing')} | {r['peak_gib']:.3f} | {r['memory vs TRL defaults']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def run_trl(options, model_path, batch, steps, device, memory=False, worker="trl"):
     cmd = [
         sys.executable,
         os.path.abspath(__file__),
         "--worker",
-        "trl",
+        worker,
         "--algos",
         "dpo",
         "--model_path",
@@ -503,6 +640,8 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
         "cpu": [r["perf/step_cpu_seconds"] for r in train],
         "peak_gib": max(r["perf/peak_memory_gib"] for r in train),
         "round_s": statistics.median(rounds) if rounds else None,
+        "round_total_s": sum(rounds),
+        "rounds": len(rounds),
         "online_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train) if rounds else None,
     }
 
@@ -727,11 +866,12 @@ def main():
     sys.path.insert(0, ROOT)
     if opts.worker:
         opts.algo = opts.algos
-        print(json.dumps(trl_worker(opts) if opts.worker == "trl" else worker(opts)))
+        workers = {"trl": trl_worker, "trl_grpo": trl_grpo_worker}
+        print(json.dumps(workers.get(opts.worker, worker)(opts)))
         return
     opts.models, opts.algos = opts.models.split(","), opts.algos.split(",")
     if opts.trl and opts.out == os.path.join(RESULTS, "bench"):
-        opts.out = os.path.join(RESULTS, "bench_trl")
+        opts.out = os.path.join(RESULTS, "bench_trl_grpo" if opts.algos == ["grpo"] else "bench_trl")
     if opts.quick:
         opts.models, opts.steps = ["toy"], 3
     import torch
@@ -751,7 +891,8 @@ def main():
     with tempfile.TemporaryDirectory() as workdir:
         for device in devices:
             peak = opts.peak_tflops if device == "cuda" else None
-            run = side_by_side if opts.trl else bench
+            grpo = opts.trl and opts.algos == ["grpo"]
+            run = grpo_side_by_side if grpo else side_by_side if opts.trl else bench
             rows += run(argparse.Namespace(**{**vars(opts), "peak_tflops": peak}), device, workdir)
     meta = {
         "command": command.strip(),
@@ -769,11 +910,12 @@ def main():
         f"`{meta['command']}` ({meta['minutes']:.1f} min; torch {meta['torch']}, {meta['cpus']} CPUs, one thread per "
         f"process, load average {load:.1f} before the run)\n"
     )
-    text += (
-        (side_by_side_table(rows) + "\n\nTargets:\n\n" + side_by_side_targets(rows) + "\n")
-        if opts.trl
-        else (table(rows) + "\n\nTargets:\n\n" + targets(rows) + "\n")
-    )
+    if opts.trl and opts.algos == ["grpo"]:
+        text += grpo_side_by_side_table(rows) + "\n"
+    elif opts.trl:
+        text += side_by_side_table(rows) + "\n\nTargets:\n\n" + side_by_side_targets(rows) + "\n"
+    else:
+        text += table(rows) + "\n\nTargets:\n\n" + targets(rows) + "\n"
     with open(opts.out + ".md", "w") as f:
         f.write(text)
     print(text)

@@ -597,6 +597,8 @@ def test_end_to_end(name, grpo_run):
         assert run.rounds and run.rounds[0]["step"] == 0 and args["eps"] == 0.15
         assert all(r["online/truncated_completions"] == 0 for r in run.rounds)  # toy completions fit --max_length
         assert all(math.isfinite(r["reward"]) for r in steps)
+    if name == "online":  # on-policy: the sampler is the policy itself, its log-probs reused (no second forward)
+        assert all(r["ratio/abs_log"] == 0 and r["perf/sync_seconds"] == 0 for r in steps)
     if name == "online-pairs":
         assert args["reward_funcs"] == "toy" and all(0 < r["online/kept_frac"] <= 1 for r in run.rounds)
     elif name.startswith("online"):
