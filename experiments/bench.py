@@ -240,12 +240,34 @@ TRL_SETTINGS = dict(
 )  # our scripts' defaults
 
 
+def step_timer(device):
+    """({steps, cpu}, a TrainerCallback class that appends each optimizer step's wall and CPU seconds to them)."""
+    import torch
+    from transformers import TrainerCallback
+
+    timing = {"steps": [], "cpu": []}
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, *_, **__):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            timing["steps"].append(time.perf_counter() - self.t0)
+            timing["cpu"].append(time.process_time() - self.cpu0)
+
+    return timing, Timer
+
+
 def trl_worker(opts):
     """TRL's DPOTrainer on our batches, step by step (the same rows in the same order, tokenised alike: checked),
     timed per optimizer step by a callback. Prints {steps, cpu, tokens, peak_gib, same_tokens}."""
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     import dpo_humanline as m
@@ -275,19 +297,7 @@ def trl_worker(opts):
         **TRL_SETTINGS,
         **json.loads(opts.trl_options),
     )
-    timing = {"steps": [], "cpu": []}
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *_, **__):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            self.t0, self.cpu0 = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, *_, **__):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            timing["steps"].append(time.perf_counter() - self.t0)
-            timing["cpu"].append(time.process_time() - self.cpu0)
+    timing, Timer = step_timer(device)
 
     class InOrder(DPOTrainer):  # our step order instead of a shuffle
         def _get_train_sampler(self, *_, **__):
@@ -340,7 +350,7 @@ def trl_grpo_worker(opts):
     per optimizer step (sampling, scoring and training: TRL samples inside the step). Prints {steps, cpu, peak_gib}."""
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     import toy_task
@@ -369,19 +379,7 @@ def trl_grpo_worker(opts):
         **TRL_GRPO_SETTINGS,
         **json.loads(opts.trl_options),
     )
-    timing = {"steps": [], "cpu": []}
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *_, **__):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            self.t0, self.cpu0 = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, *_, **__):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            timing["steps"].append(time.perf_counter() - self.t0)
-            timing["cpu"].append(time.process_time() - self.cpu0)
+    timing, Timer = step_timer(device)
 
     def verify(prompts, completions, **_):
         return toy_task.verify(prompts, completions)
