@@ -227,17 +227,30 @@ SIDE_BY_SIDE = [
         {"precompute_ref_log_probs": True, "gradient_checkpointing": False},
     ),
 ]
-TRL_SETTINGS = dict(
+OPTIMISER = dict(  # our scripts' defaults, the same for every algorithm
     learning_rate=5e-6,
     warmup_steps=0.1,
     lr_scheduler_type="linear",
     weight_decay=0.01,
     adam_epsilon=1e-5,
     max_grad_norm=1.0,
-    beta=0.1,
-    max_length=1024,
-    seed=0,
-)  # our scripts' defaults
+)
+TRL_SETTINGS = dict(**OPTIMISER, beta=0.1, max_length=1024, seed=0)  # our scripts' defaults
+
+
+def trainer_options(opts, device):
+    """The Trainer options both TRL workers share: --batch per step, --steps steps, no saving, every step logged."""
+    return dict(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=opts.batch,
+        max_steps=opts.steps,
+        save_strategy="no",
+        report_to=[],
+        logging_steps=1,
+        use_cpu=device.type == "cpu",
+        bf16=device.type == "cuda",
+        dataloader_num_workers=0,
+    )
 
 
 def step_timer(device):
@@ -284,19 +297,7 @@ def trl_worker(opts):
     ours = [(p, c, r) for p, (c, r), _ in m.load_data(m.Args(), "preferences", tok, toy, argparse.Namespace(rank=0))]
     order = [i for s in range(opts.steps) for i in m.offline_batch(list(range(len(rows))), s, opts.batch, 0)]
     dataset = datasets.Dataset.from_list([{k: rows[i][k] for k in ("prompt", "chosen", "rejected")} for i in order])
-    config = DPOConfig(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=opts.batch,
-        max_steps=opts.steps,
-        save_strategy="no",
-        report_to=[],
-        logging_steps=1,
-        use_cpu=device.type == "cpu",
-        bf16=device.type == "cuda",
-        dataloader_num_workers=0,
-        **TRL_SETTINGS,
-        **json.loads(opts.trl_options),
-    )
+    config = DPOConfig(**trainer_options(opts, device), **TRL_SETTINGS, **json.loads(opts.trl_options))
     timing, Timer = step_timer(device)
 
     class InOrder(DPOTrainer):  # our step order instead of a shuffle
@@ -324,12 +325,7 @@ GRPO_SIDE_BY_SIDE = [
     ("TRL: GRPO, no checkpointing", {"gradient_checkpointing": False}),
 ]
 TRL_GRPO_SETTINGS = dict(  # each one set to our scripts' online GRPO default; the rest are TRL's own
-    learning_rate=5e-6,
-    warmup_steps=0.1,
-    lr_scheduler_type="linear",
-    weight_decay=0.01,
-    adam_epsilon=1e-5,
-    max_grad_norm=1.0,
+    **OPTIMISER,
     num_generations=8,
     max_completion_length=40,
     temperature=0.7,
@@ -366,19 +362,7 @@ def trl_grpo_worker(opts):
         prompts = [json.loads(line)["prompt"] for line in f]
     per_step = opts.batch // TRL_GRPO_SETTINGS["num_generations"]
     dataset = datasets.Dataset.from_list([{"prompt": p} for p in prompts[: per_step * opts.steps]])
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=opts.batch,
-        max_steps=opts.steps,
-        save_strategy="no",
-        report_to=[],
-        logging_steps=1,
-        use_cpu=device.type == "cpu",
-        bf16=device.type == "cuda",
-        dataloader_num_workers=0,
-        **TRL_GRPO_SETTINGS,
-        **json.loads(opts.trl_options),
-    )
+    config = GRPOConfig(**trainer_options(opts, device), **TRL_GRPO_SETTINGS, **json.loads(opts.trl_options))
     timing, Timer = step_timer(device)
 
     def verify(prompts, completions, **_):
@@ -422,21 +406,6 @@ def grpo_side_by_side(opts, device, workdir):
         row["memory vs TRL defaults"] = row["peak_gib"] / max(memory["TRL: GRPO defaults"])
         rows.append(row)
     return rows
-
-
-def grpo_side_by_side_table(rows):
-    lines = [
-        "| configuration | step (s), median of repeats | / TRL defaults: median [min, max] "
-        "| / TRL no checkpointing: median [min, max] | peak memory (GiB) | / TRL defaults |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        cell = lambda k: f"{r[k]['median']:.3f} [{r[k]['min']:.3f}, {r[k]['max']:.3f}]"  # noqa: E731
-        lines.append(
-            f"| {r['config']} | {statistics.median(r['step_s']):.3f} | {cell('vs TRL: GRPO defaults')} | "
-            f"{cell('vs TRL: GRPO, no checkpointing')} | {r['peak_gib']:.3f} | {r['memory vs TRL defaults']:.3f} |"
-        )
-    return "\n".join(lines)
 
 
 def run_trl(options, model_path, batch, steps, device, memory=False, worker="trl"):
@@ -515,19 +484,23 @@ def side_by_side(opts, device, workdir):
     return rows
 
 
-def side_by_side_table(rows):
+def side_by_side_table(rows, algo="DPO"):
+    """DPO's table also gives memory against TRL's precomputed run and each side's libraries alone; GRPO's against
+    TRL's defaults."""
+    dpo = algo == "DPO"
+    memory = "memory vs TRL precompute" if dpo else "memory vs TRL defaults"
+    last = "/ TRL precompute_ref_log_probs | python + libraries alone (GiB)" if dpo else "/ TRL defaults"
     lines = [
         "| configuration | step (s), median of repeats | / TRL defaults: median [min, max] "
-        "| / TRL no checkpointing: median "
-        "[min, max] | peak memory (GiB) | / TRL precompute_ref_log_probs | python + libraries alone (GiB) |",
-        "|---|---|---|---|---|---|---|",
+        f"| / TRL no checkpointing: median [min, max] | peak memory (GiB) | {last} |",
+        "|---" * (7 if dpo else 6) + "|",
     ]
     for r in rows:
         cell = lambda k: f"{r[k]['median']:.3f} [{r[k]['min']:.3f}, {r[k]['max']:.3f}]"  # noqa: E731
+        libraries = f" {r['libraries_gib']:.3f} |" if dpo else ""
         lines.append(
-            f"| {r['config']} | {statistics.median(r['step_s']):.3f} | {cell('vs TRL: DPO defaults')} | "
-            f"{cell('vs TRL: DPO, no checkpointing')} | {r['peak_gib']:.3f} | {r['memory vs TRL precompute']:.3f} | "
-            f"{r['libraries_gib']:.3f} |"
+            f"| {r['config']} | {statistics.median(r['step_s']):.3f} | {cell(f'vs TRL: {algo} defaults')} | "
+            f"{cell(f'vs TRL: {algo}, no checkpointing')} | {r['peak_gib']:.3f} | {r[memory]:.3f} |{libraries}"
         )
     return "\n".join(lines)
 
@@ -909,7 +882,7 @@ def main():
         f"process, load average {load:.1f} before the run)\n"
     )
     if opts.trl and opts.algos == ["grpo"]:
-        text += grpo_side_by_side_table(rows) + "\n"
+        text += side_by_side_table(rows, "GRPO") + "\n"
     elif opts.trl:
         text += side_by_side_table(rows) + "\n\nTargets:\n\n" + side_by_side_targets(rows) + "\n"
     else:
