@@ -86,7 +86,9 @@ class Args:
     system_prompt: str = arg("", "With --as_chat, a system message first ('r1': Open-R1's prompt).")
     keep_dropout: bool = arg(False, "Keep the model's dropout (off: the log-ratios would be mostly its noise).")
     trust_remote_code: bool = arg(False, "Allow custom model code from the hub.")
-    on_bad_reward: Literal["drop", "stop"] = arg("drop", "A NaN, None or raising reward: drop the sample, or stop.")
+    on_bad_reward: Literal["drop", "stop"] = arg(
+        "drop", "A reward that is NaN, None or raises: drop that sample (counted), or stop the run."
+    )
     max_prompt_length: int = arg(512, "Longer prompts keep their last tokens (counted).")
     max_length: int = arg(1024, "Prompt + completion; longer completions are cut (counted).")
     # optimisation
@@ -104,13 +106,25 @@ class Args:
     beta: float = arg(0.01, "KL coefficient (k3 estimator, against --kl_baseline).")
     eps: Optional[float] = arg(None, "The ratio clip [1 - eps, 1 + eps]. Default: 0.5 plain offline, else 0.15.")
     logps_temperature: float = arg(1.0, "Log-probs of logits / T (the authors' math code: the sampling temperature).")
-    advantage_std: Literal["population", "sample"] = arg("population", "Or sample: n - 1, plus 1e-4 (authors' math).")
-    kl_baseline: Literal["reference", "initial"] = arg("reference", "The ratio's denominator, or the initial policy.")
+    advantage_std: Literal["population", "sample"] = arg(
+        "population", "std R in the advantage: population, or sample (n - 1, plus 1e-4: the authors' math code)."
+    )
+    kl_baseline: Literal["reference", "initial"] = arg(
+        "reference", "KL against the reference (the ratio's denominator) or the frozen initial policy."
+    )
     seed: int = arg(0, "Random seed (data order, sampling).")
     # humanline
-    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(None, "Before/after the update; unset: none.")
+    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(
+        None,
+        "Sync the reference to the policy: humanline before the update, trust_region after it; "
+        "unset: none (--humanline: humanline).",
+    )
     sync_every: int = arg(1, "k: sync every k optimizer steps.")
-    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(None, "Token log-ratio clipping; unset: none.")
+    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(
+        None,
+        "Token log-ratios: clamp to [--log_eps_P, --log_eps_R], or sampling (Beta rejection); "
+        "unset: none (--humanline: clamp).",
+    )
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
@@ -136,7 +150,9 @@ class Args:
     report_to: str = arg("none", "Also log to tensorboard, wandb, or both (tensorboard,wandb); metrics.jsonl always.")
     log_every: int = arg(1, "Write metrics every N steps.")
     dist_timeout: int = arg(1800, "Seconds a collective waits: a dead process stops the run.")
-    precision: Optional[Literal["bf16", "fp32"]] = arg(None, "Compute dtype; unset: bf16 on a GPU, else fp32.")
+    precision: Optional[Literal["bf16", "fp32"]] = arg(
+        None, "Compute dtype; unset: bf16 on a GPU, else fp32 (weights, gradients and AdamW stay fp32)."
+    )
     fp32_head: bool = arg(True, "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16).")
     plan_only: bool = arg(False, "Print the memory plan per GPU for these flags and exit (loads no weights).")
 
@@ -361,7 +377,11 @@ def main():
 
     # models: the policy, its reference (sharded exactly like it), the KL baseline, the scorers; optimizer, schedule
     policy = load_model(args, toy, rt).train()
-    ref = None if args.ref_free == "on" else load_model(args, toy, rt).eval().requires_grad_(False)
+    # on-policy (a fresh sampling every step, no sync): the sampler is the policy as it stands, so the ratio's
+    # denominator is the policy's own log-probs, detached: no reference model, no second forward
+    on_policy = args.online and args.sample_every == 1 and not args.pairs_from_samples and args.sync == "none"
+    two_models = args.ref_free == "off" and not on_policy
+    ref = load_model(args, toy, rt).eval().requires_grad_(False) if two_models else None
     base = None  # --kl_baseline initial: a frozen starting policy (unless the reference is one: offline, never synced)
     if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
         base = load_model(args, toy, rt).eval().requires_grad_(False)
@@ -387,9 +407,6 @@ def main():
         session.log({"step": 0} | evaluate_policy())
 
     reset_each_sampling = args.sync == "none" or args.pairs_from_samples
-    # on-policy (a fresh sampling every step, no sync): the sampler is the policy as it stands, so the ratio's
-    # denominator is the policy's own log-probs, detached; no second forward
-    on_policy = args.online and args.sample_every == 1 and not args.pairs_from_samples and args.sync == "none"
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
@@ -422,7 +439,7 @@ def main():
         # REF-FREE: the policy as it is now is (or is about to be synced into) the reference of a run of steps
         reset = state.round_start if reset_each_sampling else None
         ahead = (policy, state, reset, step_batch, forward_batches, tokenizer, args, rt)
-        ref_seconds = 0.0 if ref is not None or on_policy else reference_ahead(*ahead)
+        ref_seconds = 0.0 if two_models or on_policy else reference_ahead(*ahead)
         ahead = state.ref_ahead.pop(state.step, None)
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens over all micro-batches and processes
@@ -437,7 +454,7 @@ def main():
             ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
             with rt.autocast:
                 with torch.no_grad():
-                    ref_logps = token_logps(ref, ids, attn, mask, *head) if ref is not None and not on_policy else None
+                    ref_logps = token_logps(ref, ids, attn, mask, *head) if two_models else None
                     base_logps = token_logps(base, ids, attn, mask, *head) if base is not None else None
                 policy_logps = token_logps(policy, ids, attn, mask, *head)
             if on_policy:  # the sampler is the policy as it stands: its own log-probs, detached

@@ -86,7 +86,9 @@ class Args:
     system_prompt: str = arg("", "With --as_chat, a system message first ('r1': Open-R1's prompt).")
     keep_dropout: bool = arg(False, "Keep the model's dropout (off: the log-ratios would be mostly its noise).")
     trust_remote_code: bool = arg(False, "Allow custom model code from the hub.")
-    on_bad_reward: Literal["drop", "stop"] = arg("drop", "A NaN, None or raising reward: drop the sample, or stop.")
+    on_bad_reward: Literal["drop", "stop"] = arg(
+        "drop", "A reward that is NaN, None or raises: drop that sample (counted), or stop the run."
+    )
     max_prompt_length: int = arg(512, "Longer prompts keep their last tokens (counted).")
     max_length: int = arg(1024, "Prompt + completion; longer completions are cut (counted).")
     # optimisation
@@ -106,9 +108,17 @@ class Args:
     undesirable_weight: float = arg(1.0, "lambda_U: weight of undesirable examples.")
     seed: int = arg(0, "Random seed (data order, sampling).")
     # humanline
-    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(None, "Before/after the update; unset: none.")
+    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(
+        None,
+        "Sync the reference to the policy: humanline before the update, trust_region after it; "
+        "unset: none (--humanline: humanline).",
+    )
     sync_every: int = arg(1, "k: sync every k optimizer steps.")
-    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(None, "Token log-ratio clipping; unset: none.")
+    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(
+        None,
+        "Token log-ratios: clamp to [--log_eps_P, --log_eps_R], or sampling (Beta rejection); "
+        "unset: none (--humanline: clamp).",
+    )
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
@@ -133,7 +143,9 @@ class Args:
     report_to: str = arg("none", "Also log to tensorboard, wandb, or both (tensorboard,wandb); metrics.jsonl always.")
     log_every: int = arg(1, "Write metrics every N steps.")
     dist_timeout: int = arg(1800, "Seconds a collective waits: a dead process stops the run.")
-    precision: Optional[Literal["bf16", "fp32"]] = arg(None, "Compute dtype; unset: bf16 on a GPU, else fp32.")
+    precision: Optional[Literal["bf16", "fp32"]] = arg(
+        None, "Compute dtype; unset: bf16 on a GPU, else fp32 (weights, gradients and AdamW stay fp32)."
+    )
     fp32_head: bool = arg(True, "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16).")
     plan_only: bool = arg(False, "Print the memory plan per GPU for these flags and exit (loads no weights).")
 

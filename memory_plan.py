@@ -72,7 +72,9 @@ def plan(args, script, world, config=None, gpu=True):
     s, W = shapes(config), world
     bf16, head32 = args.precision == "bf16", getattr(args, "fp32_head", True)
     b, bh = 2 if bf16 else 4, 4 if head32 or not bf16 else 2
-    extra = (getattr(args, "ref_free", "on") == "off") + (
+    on_policy = script == "grpo" and args.online and args.sample_every == 1 and not args.pairs_from_samples
+    on_policy = on_policy and args.sync == "none"  # GRPO reuses the policy's own log-probs: no reference model
+    extra = (getattr(args, "ref_free", "on") == "off" and not on_policy) + (
         script == "grpo" and args.kl_baseline == "initial" and (args.online or args.sync != "none")
     )
     seqs = args.micro_batch_size * (1 if script == "grpo" else 2)  # DPO: chosen + rejected; KTO: + KL pairs

@@ -387,7 +387,7 @@ def grpo_side_by_side(opts, device, workdir):
         for name, flags in GRPO_SIDE_BY_SIDE:
             print(f"[{device} {model}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
             if isinstance(flags, dict):
-                r = run_trl(flags, path, batch, opts.steps, device, worker="trl_grpo")
+                r = run_worker("trl_grpo", "grpo", path, batch, opts.steps, device, trl_options=flags)
                 step = statistics.mean(r["steps"])
             else:
                 r = run_script("grpo", path, flags, batch, opts.steps, device, workdir)
@@ -408,29 +408,6 @@ def grpo_side_by_side(opts, device, workdir):
     return rows
 
 
-def run_trl(options, model_path, batch, steps, device, memory=False, worker="trl"):
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--worker",
-        worker,
-        "--algos",
-        "dpo",
-        "--model_path",
-        model_path,
-        "--batch",
-        str(batch),
-        "--steps",
-        str(steps),
-        "--trl_options",
-        json.dumps(options),
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def side_by_side(opts, device, workdir):
     """Every configuration of SIDE_BY_SIDE, --repeats times interleaved (A B C ... A B C ...), each run in a fresh
     process. A run's step time is its mean over all --steps steps (so the reference log-probs computed ahead, at step
@@ -444,7 +421,7 @@ def side_by_side(opts, device, workdir):
         for name, flags in SIDE_BY_SIDE:
             print(f"[{device} {model}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
             r = (
-                run_trl(flags, path, batch, opts.steps, device)
+                run_worker("trl", "dpo", path, batch, opts.steps, device, trl_options=flags)
                 if isinstance(flags, dict)
                 else run_script("dpo", path, flags, batch, opts.steps, device, workdir)
             )
@@ -455,13 +432,13 @@ def side_by_side(opts, device, workdir):
     for name, flags in SIDE_BY_SIDE:
         print(f"[{device} {model}] {name} (memory)", file=sys.stderr, flush=True)
         memory[name] = (
-            run_trl(flags, path, batch, 3, device, memory=device == "cpu")
+            run_worker("trl", "dpo", path, batch, 3, device, memory=device == "cpu", trl_options=flags)
             if isinstance(flags, dict)
             else run_script("dpo", path, flags, batch, 3, device, workdir, memory=device == "cpu")
         )["peak_gib"]
     libraries = {
         "ours": run_worker("baseline", "dpo", path, 1, 1, device, memory=device == "cpu")["peak_gib"],
-        "TRL": run_trl({}, path, batch, 0, device, memory=device == "cpu")["peak_gib"],
+        "TRL": run_worker("trl", "dpo", path, batch, 0, device, memory=device == "cpu")["peak_gib"],
     }
     rows = []
     for name, _ in SIDE_BY_SIDE:
@@ -554,21 +531,10 @@ def env_for(device, memory=False):
     return env
 
 
-def run_worker(kind, algo, model_path, batch, steps, device, memory=False):
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--worker",
-        kind,
-        "--algos",
-        algo,
-        "--model_path",
-        model_path,
-        "--batch",
-        str(batch),
-        "--steps",
-        str(steps),
-    ]
+def run_worker(kind, algo, model_path, batch, steps, device, memory=False, trl_options=None):
+    """One worker (ours: `baseline` or a step; `trl`, `trl_grpo`: TRL's trainers) in a fresh process: its JSON line."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--algos", algo, "--model_path", model_path]
+    cmd += ["--batch", str(batch), "--steps", str(steps), "--trl_options", json.dumps(trl_options or {})]
     proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")

@@ -496,66 +496,46 @@ def local_config(name, args):
 READ_CONFIG = memory_plan.read_config
 
 
-def parsed(algo, argv, world=1):
+def parsed(algo, argv, world=1, rows=1000, printed=None):
     """The args main() would train with on `world` processes: the script's own parser and checks (the memory plan
-    included, from the configs alone), stopped before anything loads."""
+    included, from the configs alone), then the run length it derives from `rows` rows of data (each a preference
+    pair or a prompt; one pass without --max_steps), stopped before any model loads. What it prints goes to
+    `printed`. A bad argument raises the script's own SystemExit."""
     module = SCRIPTS[algo]
 
-    class Parsed(Exception):
+    class Loaded(Exception):
         pass
 
-    def stop(args):
-        raise Parsed(args)
-
-    with (
-        mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]),
-        mock.patch.object(module, "setup", stop),
-        mock.patch.dict(os.environ, {"WORLD_SIZE": str(world)}),
-        mock.patch.object(memory_plan, "read_config", local_config),
-        contextlib.redirect_stdout(io.StringIO()),
-    ):
-        with pytest.raises(Parsed) as got:
-            module.main()
-    return got.value.args[0]
-
-
-def planned(algo, argv, rows):
-    """The args main() would train with, after its data loads (`rows` rows, each a preference pair or a prompt): the
-    run length it derives (one pass without --max_steps), stopped before any model loads."""
-    module = SCRIPTS[algo]
-
     def data(args, kind, *_, **__):
-        return (
-            []
-            if kind == "eval"
-            else [("p", ["c", "r"], [True, False]) if kind != "prompts" else {"prompt": "p"}] * rows
-        )
+        row = {"prompt": "p"} if kind == "prompts" else ("p", ["c", "r"], [True, False])
+        return [] if kind == "eval" else [row] * rows
 
     def stop(args, *_):
-        raise SystemExit(args)
+        raise Loaded(args)
 
-    rt = SimpleNamespace(rank=0, world=1)
     with (
         mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]),
-        mock.patch.object(module, "setup", lambda a: rt),
+        mock.patch.dict(os.environ, {"WORLD_SIZE": str(world)}),
+        mock.patch.object(module, "setup", lambda a: SimpleNamespace(rank=0, world=world)),
         mock.patch.object(module, "load_tokenizer", lambda a: (None, None)),
         mock.patch.object(module, "load_data", data),
         mock.patch.object(module, "load_model", stop),
         mock.patch.object(memory_plan, "read_config", local_config),
-        contextlib.redirect_stdout(io.StringIO()) as printed,
+        contextlib.redirect_stdout(printed or io.StringIO()),
     ):
-        with pytest.raises(SystemExit) as got:
+        with pytest.raises(Loaded) as got:
             module.main()
-    return got.value.code, printed.getvalue()
+    return got.value.args[0]
 
 
 def test_without_max_steps_a_run_takes_one_pass_over_its_data_and_prints_its_plan():
-    args, printed = planned("dpo", ["--dataset", "me/data"], 1000)
-    assert args.max_steps == 31 and "run: 31 steps x 32 pairs = 0.99 passes over 1000 pairs" in printed
-    assert planned("kto", ["--dataset", "me/data"], 1000)[0].max_steps == 31  # 2,000 examples at 64
-    assert planned("grpo", ["--dataset", "me/data", "--online"], 1000)[0].max_steps == 125  # 8 prompts a step
-    assert planned("grpo", ["--dataset", "me/data", "--max_steps", "7"], 1000)[0].max_steps == 7
-    assert planned("dpo", [], 4003)[0].max_steps == 120  # the toy: the length its committed figures were run at
+    printed = io.StringIO()
+    args = parsed("dpo", ["--dataset", "me/data"], rows=1000, printed=printed)
+    assert args.max_steps == 31 and "run: 31 steps x 32 pairs = 0.99 passes over 1000 pairs" in printed.getvalue()
+    assert parsed("kto", ["--dataset", "me/data"]).max_steps == 31  # 2,000 examples at 64
+    assert parsed("grpo", ["--dataset", "me/data", "--online"]).max_steps == 125  # 8 prompts a step
+    assert parsed("grpo", ["--dataset", "me/data", "--max_steps", "7"]).max_steps == 7
+    assert parsed("dpo", [], rows=4003).max_steps == 120  # the toy: the length its committed figures were run at
 
 
 def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_papers_runs_carry_table_3():
@@ -564,7 +544,12 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
     papers = set()
     for where, algo, argv, world in found:
         try:
-            args = parsed(algo, argv, world)
+            split = (
+                re.fullmatch(r".*\[:(\d+)\]", argv[argv.index("--dataset_split") + 1])
+                if "--dataset_split" in argv
+                else None
+            )
+            args = parsed(algo, argv, world, rows=int(split[1]) if split else 7500)
         except SystemExit as e:
             pytest.fail(f"{where}: {algo} on {world} processes: {' '.join(argv)}: {e.code}")
         if "meta-llama/Meta-Llama-3-8B-Instruct" in argv:  # one of the paper's instruction-following runs
@@ -572,14 +557,14 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
             assert (args.learning_rate, args.max_grad_norm) == TABLE_3[key], f"{where}: {' '.join(argv)}"
             # one pass: 10K pairs at 32 (DPO), 20K examples at 64 (KTO, GRPO); online 12,288 prompts, a pair each
             rows = int(re.fullmatch(r"train\[:(\d+)\]", args.dataset_split)[1])
-            steps = planned(algo, argv, rows)[0].max_steps
-            assert (rows, steps) == ((12288, 384) if args.online else (10000, 312)), f"{where}: {' '.join(argv)}"
+            assert (rows, args.max_steps) == ((12288, 384) if args.online else (10000, 312)), (
+                f"{where}: {' '.join(argv)}"
+            )
             assert not args.online or args.round_size == 1024, where
             assert not (algo == "grpo" and args.online) or args.pairs_from_samples, f"{where}: Algorithm 1's pairs"
             assert args.lr_scheduler == "constant", f"{where}: the authors hold the rate after warmup"
             papers.add(key)
         if "Qwen/Qwen2.5-1.5B-Instruct" in argv:  # the math run, with the authors' values where the paper is silent
-            args = planned(algo, argv, 7500)[0]
             assert (
                 args.max_steps,
                 args.beta,

@@ -27,36 +27,12 @@ import toy_task
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PINNED = os.path.join(ROOT, "tests", "pinned.json")
-BASE = [
-    "--max_steps",
-    "3",
-    "--batch_size",
-    "16",
-    "--micro_batch_size",
-    "8",
-    "--eval_prompts",
-    "none",
-    "--save_every",
-    "0",
-]
-ONLINE = {
-    "dpo": ["--online", "--round_size", "32", "--num_samples", "4"],
-    "kto": ["--online", "--round_size", "32", "--num_samples", "4"],
-    "grpo": ["--online", "--num_generations", "4"],
-}
+BASE = ["--max_steps", "3", "--batch_size", "16", "--micro_batch_size", "8", "--eval_prompts", "none", "--save_every", "0"]
+ONLINE = {"dpo": ["--online", "--round_size", "32", "--num_samples", "4"],
+          "kto": ["--online", "--round_size", "32", "--num_samples", "4"],
+          "grpo": ["--online", "--num_generations", "4"]}
 ROUNDS = ["--online", "--round_size", "128", "--num_samples", "4", "--max_steps", "5"]
-TIGHT = [
-    "--log_eps_P",
-    "-0.01",
-    "--log_eps_R",
-    "0.01",
-    "--learning_rate",
-    "1e-3",
-    "--micro_batch_size",
-    "16",
-    "--save_every",
-    "1",
-]
+TIGHT = ["--log_eps_P", "-0.01", "--log_eps_R", "0.01", "--learning_rate", "1e-3", "--micro_batch_size", "16", "--save_every", "1"]
 
 
 def modes(algo):
@@ -79,22 +55,17 @@ def modes(algo):
     if algo != "grpo":
         out |= {"online-rounds": [*ROUNDS], "online-humanline-rounds": [*ROUNDS, "--humanline"]}
     if algo == "grpo":
-        out |= {
-            "online": ONLINE["grpo"],
-            "off-policy-humanline": [*ONLINE["grpo"], "--sample_every", "2", "--humanline", "--sync_every", "2"],
-            "pairs-from-samples": ["--online", "--pairs_from_samples", "--round_size", "32", "--num_generations", "4"],
-            "kl-initial": ["--kl_baseline", "initial", "--humanline", "--ref_free", "off"],
-        }
+        out |= {"online": ONLINE["grpo"],
+                "off-policy-humanline": [*ONLINE["grpo"], "--sample_every", "2", "--humanline", "--sync_every", "2"],
+                "pairs-from-samples": ["--online", "--pairs_from_samples", "--round_size", "32", "--num_generations", "4"],
+                "kl-initial": ["--kl_baseline", "initial", "--humanline", "--ref_free", "off"]}
     else:
         out["online"] = ONLINE[algo]
     return out
 
 
-RUNS = {
-    f"{algo}-{name}": (f"{algo}_humanline.py", [*BASE, *flags])
-    for algo in ("dpo", "kto", "grpo")
-    for name, flags in modes(algo).items()
-}
+RUNS = {f"{algo}-{name}": (f"{algo}_humanline.py", [*BASE, *flags]) for algo in ("dpo", "kto", "grpo")
+        for name, flags in modes(algo).items()}
 PINNED_KEYS = ("loss", "grad_norm", "online/reward", "humanline/clamped_frac")
 
 
@@ -145,12 +116,8 @@ def test_every_mode_trains_as_pinned(name, outputs, pinned):
 def test_the_pinned_runs_tell_the_variants_apart(algo, pinned):
     """k = 2 against k = 1, online + humanline against online: each pair's pinned values differ by more than the
     tolerance above, so a bug that made one behave as the other would fail its pinned run."""
-
     def apart(a, b):
-        a, b = (
-            [(r[k], k) for r in pinned["runs"][f"{algo}-{name}"] for k in ("loss", "grad_norm") if k in r]
-            for name in (a, b)
-        )
+        a, b = ([(r[k], k) for r in pinned["runs"][f"{algo}-{name}"] for k in ("loss", "grad_norm") if k in r] for name in (a, b))
         return any(x != pytest.approx(y, rel=1e-3, abs=1e-6) for (x, _), (y, _) in zip(a, b))
 
     assert apart("humanline-5-steps", "humanline-k2-5-steps")
@@ -168,7 +135,7 @@ def seq_logps(model, prompt, completion):
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, :-1].double()
-    return logits.log_softmax(-1)[len(prompt) - 1 :].gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+    return logits.log_softmax(-1)[len(prompt) - 1:].gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
 
 
 def step_batch(items, step, size, seed=0):
@@ -177,7 +144,7 @@ def step_batch(items, step, size, seed=0):
     epoch, pos = divmod(step, len(items) // size)
     epoch_seed = int(np.random.SeedSequence(seed).spawn(2)[1].spawn(epoch + 1)[epoch].generate_state(1)[0])
     order = torch.randperm(len(items), generator=torch.Generator().manual_seed(epoch_seed)).tolist()
-    return [items[i] for i in order[pos * size : (pos + 1) * size]]
+    return [items[i] for i in order[pos * size: (pos + 1) * size]]
 
 
 @pytest.fixture(scope="module")
@@ -187,10 +154,8 @@ def toy_pairs():
     with open(paths.offline["strong"]) as f:
         rows = [json.loads(line) for line in f]
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return [
-        (tok(r["prompt"])["input_ids"], enc(r["chosen"] + tok.eos_token), enc(r["rejected"] + tok.eos_token))
-        for r in rows
-    ]
+    return [(tok(r["prompt"])["input_ids"], enc(r["chosen"] + tok.eos_token), enc(r["rejected"] + tok.eos_token))
+            for r in rows]
 
 
 def independent(algo, pairs, out, clamp):
@@ -224,11 +189,8 @@ def independent(algo, pairs, out, clamp):
         for p, c, desirable in batch:
             x = ratios(p, c)
             r = x.clamp(P, R).sum().item()
-            losses.append(
-                1.1 * (1 - 1 / (1 + math.exp(-beta * (r - z0))))
-                if desirable
-                else 1.0 * (1 - 1 / (1 + math.exp(-beta * (z0 - r))))
-            )
+            losses.append(1.1 * (1 - 1 / (1 + math.exp(-beta * (r - z0)))) if desirable
+                          else 1.0 * (1 - 1 / (1 + math.exp(-beta * (z0 - r)))))
             fracs.append(frac(x))
         fracs += [frac(ratios(p, c)) for p, c in kl_pairs]
         return sum(losses) / len(losses), sum(fracs) / len(fracs)
@@ -262,9 +224,7 @@ def test_where_the_clamp_acts_the_loss_is_the_formula(algo, mode, outputs, toy_p
     assert step3["loss"] != pytest.approx(other, rel=1e-3)
     if mode == "sampling-acts":
         plain = outputs(f"{algo}-sync-only-tight")[0]
-        assert recs[0]["grad_norm"] == pytest.approx(
-            plain[0]["grad_norm"], rel=1e-5
-        )  # step 1: ratio 1, nothing rejected
+        assert recs[0]["grad_norm"] == pytest.approx(plain[0]["grad_norm"], rel=1e-5)  # step 1: ratio 1, nothing rejected
         assert recs[1]["grad_norm"] != pytest.approx(plain[1]["grad_norm"], rel=1e-3)
 
 
@@ -272,28 +232,16 @@ def test_kto_reference_point_is_clamped_as_the_loss_is(toy_pairs, tmp_path):
     """An asymmetric clamp, [-0.001, 1.5], at 1e-3 with syncing every step: at step 3 the KL pairs' summed clamped
     log-ratios are positive on average while the unclamped ones are not, so the logged z0 tells whether the clamp
     reaches the reference point (both would floor to 0 under the symmetric TIGHT bounds)."""
-    flags = [
-        *BASE,
-        "--humanline",
-        "--log_eps_P",
-        "-0.001",
-        "--learning_rate",
-        "1e-3",
-        "--micro_batch_size",
-        "16",
-        "--save_every",
-        "1",
-    ]
+    flags = [*BASE, "--humanline", "--log_eps_P", "-0.001", "--learning_rate", "1e-3", "--micro_batch_size", "16",
+             "--save_every", "1"]
     step3 = run_in_process("kto_humanline.py", flags, tmp_path)[2]
     with open(tmp_path / "metrics.jsonl") as f:
         z0 = [json.loads(line) for line in f][2]["kl"]
     ref, pol = (AutoModelForCausalLM.from_pretrained(tmp_path / f"checkpoint-{s}").eval() for s in (1, 2))
     examples = [(p, c, d) for p, c, r in toy_pairs for c, d in ((c, True), (r, False))]
     batch = step_batch(examples, 2, 16)
-    ratios = [
-        seq_logps(pol, p, batch[(i + 1) % len(batch)][1]) - seq_logps(ref, p, batch[(i + 1) % len(batch)][1])
-        for i, (p, _, _) in enumerate(batch)
-    ]
+    ratios = [seq_logps(pol, p, batch[(i + 1) % len(batch)][1]) - seq_logps(ref, p, batch[(i + 1) % len(batch)][1])
+              for i, (p, _, _) in enumerate(batch)]
     clamped = max(0.0, sum(x.clamp(-0.001, 1.5).sum().item() for x in ratios) / len(ratios))
     plain = max(0.0, sum(x.sum().item() for x in ratios) / len(ratios))
     assert step3["step"] == 3 and clamped > 0.1 and plain < clamped / 2
@@ -304,9 +252,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
     import subprocess
     import tempfile
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     runs = {}
     for name in sorted(RUNS):
         with tempfile.TemporaryDirectory() as out:
