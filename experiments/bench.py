@@ -10,7 +10,7 @@ rows excepted, which train on what they sample):
     floor            a bare forward + backward of the policy plus a no-grad forward of the reference, nothing else
                      (no loss, no optimizer, no logging): what any trainer with a reference model pays at least
     offline          the script with --offline --ref_free off: a frozen reference model
-    offline, ref-free  --offline (the default --ref_free auto): every step's reference log-probs computed at step 0
+    offline, ref-free  --offline (--ref_free on, the default): every step's reference log-probs computed at step 0
     humanline k=1    --offline --humanline: reference-free, no reference model
     k=1, 2 models    --offline --humanline --ref_free off: two models, the reference synced in place every step
     humanline k=16   --offline --humanline --sync_every 16: reference-free (16 batches computed at each sync)
