@@ -74,3 +74,13 @@ def test_a_target_is_decided_only_where_the_whole_range_lies_on_one_side():
     )
     table = bench.side_by_side_table(rows).splitlines()
     assert len(table) == 2 + len(RUNS) and all(line.count("|") == table[0].count("|") for line in table)
+
+
+def test_the_documented_side_by_side_rows_are_the_committed_runs():
+    """Every row of ours or TRL's in docs/benchmarks.md is a row of a committed benchmark table, verbatim."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = os.path.join(root, "experiments", "results")
+    tables = "".join(open(os.path.join(results, f)).read() for f in os.listdir(results) if f.startswith("bench"))
+    doc = open(os.path.join(root, "docs", "benchmarks.md")).read().splitlines()
+    rows = [line for line in doc if line.startswith(("| ours:", "| TRL:"))]
+    assert len(rows) >= 20 and [r for r in rows if r not in tables] == []
