@@ -1,8 +1,12 @@
 """What humanline costs per training step: side by side with offline training and with the floor, on the same tokens.
 
-    python experiments/bench.py                       # toy model, a random 30M Llama; DPO, KTO, GRPO (~20 min, 2 cores)
+    python experiments/bench.py                       # toy model, a random 30M Llama; DPO, KTO, GRPO (~30 min, 2 cores)
     python experiments/bench.py --models 30m --algos dpo --repeats 2
     python experiments/bench.py --quick               # toy model, 3 steps: a smoke test (~5 min)
+    python experiments/bench.py --trl --models 30m --repeats 5 --steps 16            # DPO beside TRL's DPOTrainer
+    python experiments/bench.py --trl --algos grpo --models toy --steps 5 --repeats 5 # GRPO beside TRL's GRPOTrainer
+
+(--trl needs TRL: pip install -r experiments/requirements.txt.) Without --trl:
 
 For each model and algorithm, every configuration trains on the same offline batches, step for step (the online
 rows excepted, which train on what they sample):
@@ -443,9 +447,9 @@ def record_samples(path, argv):
 def grpo_side_by_side(opts, device, workdir):
     """GRPO_SIDE_BY_SIDE and GRPO_TRAINING_ALONE, --repeats times interleaved, each run a fresh process. Ours end to
     end per step: the training step plus the sampling and scoring that feed it (a sampling that feeds N steps counts
-    1/N to each); TRL's step holds its sampling. Wall time (sampling is most of it; run on a quiet machine); peak
-    RSS. Each repeat's on-policy runs record their completions: TRL's runs take their prompts (and, training alone,
-    the completions) from the one without checkpointing."""
+    1/N to each); TRL's step holds its sampling. Wall time (sampling is a large part of it); peak RSS. Each repeat's
+    on-policy runs record their completions: TRL's runs take their prompts (and, training alone, the completions)
+    from the one without checkpointing."""
     model = opts.models[0]
     path = "toy" if model == "toy" else random_llama(os.path.join(ROOT, ".cache", "bench"))
     batch, configs = 64, GRPO_SIDE_BY_SIDE + GRPO_TRAINING_ALONE
