@@ -463,8 +463,7 @@ def grpo_side_by_side(opts, device, workdir):
                 memory[name].append(recorded[flags]["peak_gib"])
                 continue
             print(f"[{device} {model}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
-            samples = os.path.join(workdir, f"samples-{len(recorded)}.jsonl")
-            if isinstance(flags, dict):
+            if isinstance(flags, dict):  # TRL: the prompts (and completions) of our first on-policy run
                 samples = os.path.join(workdir, "samples-0.jsonl")
                 r = run_worker("trl_grpo", "grpo", path, batch, opts.steps, device, trl_options=flags, samples=samples)
                 if not r["same_tokens"]:
@@ -472,7 +471,8 @@ def grpo_side_by_side(opts, device, workdir):
                 step = statistics.mean(r["steps"])
             else:
                 on_policy = flags[0] == "--online" and "--sample_every" not in flags
-                r = run_script("grpo", path, flags, batch, opts.steps, device, workdir, record=on_policy and samples)
+                samples = on_policy and os.path.join(workdir, f"samples-{len(recorded)}.jsonl")
+                r = run_script("grpo", path, flags, batch, opts.steps, device, workdir, record=samples)
                 recorded |= {name: r} if on_policy else {}
                 every = int(flags[flags.index("--sample_every") + 1]) if "--sample_every" in flags else 1
                 sampled = r["round_total_s"] / (every * r["rounds"]) if r["rounds"] else 0.0
