@@ -313,17 +313,25 @@ def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.fl
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True)
     hidden = model(**inputs, logits_to_keep=1).hidden_states[-1][:, :-1]  # after the final norm (the head: 1 position)
     where = loss_mask[:, 1:].bool()
-    h, targets, weight = hidden[where], input_ids[:, 1:][where], model.get_output_embeddings().weight
-    starts = range(0, len(h), chunk)
-    chunks = [(h[i : i + chunk], weight, targets[i : i + chunk], head_dtype, temperature) for i in starts]
-    logps = [torch.utils.checkpoint.checkpoint(head_logps, *c, use_reentrant=False) for c in chunks]
+    h, targets, head = hidden[where], input_ids[:, 1:][where], model.get_output_embeddings()
+    # the head as the model applies it: some families scale their logits (Cohere, Granite) or softcap them (Gemma 2)
+    config = model.config.get_text_config()
+    scale = getattr(config, "logit_scale", None) or 1 / (getattr(config, "logits_scaling", None) or 1)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    shared = (head.weight, head.bias, head_dtype, scale, softcap, temperature)
+    chunks = [(h[i : i + chunk], targets[i : i + chunk]) for i in range(0, len(h), chunk)]
+    logps = [torch.utils.checkpoint.checkpoint(head_logps, *c, *shared, use_reentrant=False) for c in chunks]
     return torch.zeros(where.shape, device=h.device).masked_scatter(where, torch.cat(logps))
 
 
-def head_logps(h, weight, targets, dtype, temperature=1.0):
-    """log softmax(h W^T / temperature)[target] for each row of h, in `dtype` (outside any autocast)."""
+def head_logps(h, targets, weight, bias, dtype, scale=1.0, softcap=None, temperature=1.0):
+    """log softmax(logits / temperature)[target] for each row of h, in `dtype` (outside any autocast); the logits
+    (h W^T + bias) * scale, then softcapped to (-softcap, softcap) by softcap * tanh(logits / softcap)."""
     with torch.autocast(h.device.type, enabled=False):
-        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype)).float() / temperature
+        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype), bias if bias is None else bias.to(dtype))
+        logits = logits.float() * scale
+        logits = softcap * torch.tanh(logits / softcap) if softcap else logits
+        logits = logits / temperature
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
 
@@ -640,8 +648,6 @@ def load_model(args, toy, rt):
     layer a shard group; rank 0 reads the weights, the others build on the meta device and receive their shards."""
     name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
     config = pretrained(transformers.AutoConfig, name, args)
-    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):  # token_logps applies the head alone
-        fail(getattr(config, key, None) not in (None, 1, 1.0), f"{name}: {key} in its config is not supported")
     if not rt.distributed:
         model = pretrained(transformers.AutoModelForCausalLM, name, args, dtype=torch.float32).to(rt.device)
     else:
@@ -680,7 +686,22 @@ def load_model(args, toy, rt):
             dist.broadcast(value, src=0)
             module, _, attr = key.rpartition(".")
             model.get_submodule(module).register_buffer(attr, value, persistent=False)
+    check_logps(model, name, rt)
     return model
+
+
+def check_logps(model, name, rt):
+    """What training reads must be the model's own log-probs: a family that changes its logits in a way token_logps
+    does not (it applies the head's bias, a logit scale and a softcap) stops here, before any step."""
+    ids = torch.arange(3, 11, device=rt.device)[None] % model.config.get_text_config().vocab_size
+    with torch.no_grad(), rt.autocast:
+        own = model.eval()(input_ids=ids).logits[0, :-1].float().log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+        ours = token_logps(model, ids, torch.ones_like(ids), torch.ones(ids.shape, device=rt.device), rt.head_dtype)
+    if hasattr(model, "reshard"):  # FSDP2 leaves the root gathered after a no-grad forward: the optimizer takes shards
+        model.reshard()
+    exact = rt.dtype == rt.head_dtype == torch.float32  # else one of the two heads rounds its logits to bf16
+    gap, tolerance = (own - ours[0]).abs().max().item(), 1e-3 if exact else 0.5
+    fail(not gap <= tolerance, f"{name}: the log-probs token_logps computes differ from the model's own by {gap:.3g}")
 
 
 def make_optimizer(policy, args):

@@ -33,27 +33,47 @@ CHUNK = 1024  # positions per head chunk: token_logps' default
 
 
 def shapes(config):
-    """The sizes the plan needs from a transformers config (a Llama-like decoder)."""
+    """The sizes the plan needs from a transformers config: parameters counted on a model built on the meta device
+    (any family transformers builds), activations from a Llama-like decoder's sizes."""
     c = config.get_text_config() if hasattr(config, "get_text_config") else config
     d, layers, heads = c.hidden_size, c.num_hidden_layers, c.num_attention_heads
+    # the MLP's width under its families' names (GPT-2 and GPT-J: n_inner, OPT: ffn_dim; None means 4 d)
+    widths = [getattr(c, k, None) for k in ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")]
+    f = next(filter(None, widths), 4 * d)
     hd = getattr(c, "head_dim", None) or d // heads
     q, kv = heads * hd, (getattr(c, "num_key_value_heads", None) or heads) * hd
     bias = q + 2 * kv if getattr(c, "attention_bias", False) or c.model_type.startswith("qwen2") else 0
-    layer = d * q + 2 * d * kv + q * d + bias + 3 * d * c.intermediate_size + 2 * d
+    layer = d * q + 2 * d * kv + q * d + bias + 3 * d * f + 2 * d  # a Llama layer, where the model cannot be built
     tied = getattr(c, "tie_word_embeddings", False)
     root = c.vocab_size * d * (1 if tied else 2) + d
+    params = layers * layer + root
+    built = counted(config)
+    if built:
+        params, layer = built
+        root = params - layers * layer
     return SimpleNamespace(
-        d=d,
-        f=c.intermediate_size,
-        q=q,
-        kv=kv,
-        layers=layers,
-        vocab=c.vocab_size,
-        layer=layer,
-        root=root,
-        params=layers * layer + root,
-        tied=tied,
+        d=d, f=f, q=q, kv=kv, layers=layers, vocab=c.vocab_size, layer=layer, root=root, params=params, tied=tied
     )
+
+
+def counted(config, cache={}):
+    """(all parameters, the largest decoder layer's) of the causal LM a config builds, on the meta device (no
+    memory, about a second at 8B); None for a config transformers cannot build alone (remote code, a reward model)."""
+    import torch
+    import transformers
+
+    key = config.to_json_string()
+    if key not in cache:
+        try:
+            with torch.device("meta"):
+                model = transformers.AutoModelForCausalLM.from_config(config)
+        except (ValueError, KeyError, TypeError, AttributeError, ImportError):
+            cache[key] = None
+            return None
+        layers = [m for m in model.modules() if type(m).__name__ in (model._no_split_modules or [])]
+        size = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+        cache[key] = size(model), max(map(size, layers), default=0)
+    return cache[key]
 
 
 def act_bytes(s, bf16):

@@ -1,16 +1,20 @@
 """Measurements of the GPU code paths on a CPU, each in a fresh process (tests/test_gpu_path.py runs them):
 
-    # FSDP2 on gloo: loading, gradients, all-gathers per generate call, dtypes
+    # FSDP2 on gloo: loading, all-gathers per generate call
     torchrun --nproc_per_node 2 tests/gpu_path_helper.py fsdp MODEL_DIR OUT.json
-    # two DPO steps' peak memory against the plan
+    # FSDP2 on gloo: two steps of the script's own loop (gradients per micro-batch, the bf16 dtype chain)
+    torchrun --nproc_per_node 2 tests/gpu_path_helper.py train MODEL_DIR OUT.json PRECISION
+    # two steps of the script's own loop on one process: the peak memory against the plan
     python tests/gpu_path_helper.py peak SHAPE_JSON OUT.json
 
-Both use the training scripts' own functions (dpo_humanline.py: load_model, token_logps, generate, the loss)."""
+Each uses dpo_humanline.py's own code: load_model and generate, or its main() with its loop as it is, watched
+through the functions the loop calls (accumulate after each micro-batch's backward, dpo_loss, optimizer_step)."""
 
+import contextlib
 import json
 import os
 import sys
-from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
@@ -18,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dpo_humanline as dpo  # noqa: E402
 import memory_plan  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(1)
 
 
@@ -33,77 +38,62 @@ def reset_peak():
         f.write("5")  # the kernel's "reset the peak RSS"
 
 
-def batch(vocab, n_pairs, prompt, completion, seed=0):
+def pairs_file(path, n_pairs, prompt, completion, seed=0):
+    """n preference pairs for the toy tokenizer (a token per digit): prompts of `prompt` tokens, completions of
+    `completion` tokens with the end-of-sequence token the scripts append."""
     g = torch.Generator().manual_seed(seed)
-    ids = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
-    return [(ids(prompt), ids(completion), ids(completion)) for _ in range(n_pairs)]
+    digits = lambda n: "".join(map(str, torch.randint(0, 10, (n,), generator=g).tolist()))  # noqa: E731
+    with open(path, "w") as f:
+        for _ in range(n_pairs):
+            row = dict(prompt=digits(prompt), chosen=digits(completion - 1), rejected=digits(completion - 1))
+            f.write(json.dumps(row) + "\n")
 
 
-def train_step(policy, optimizer, scheduler, pairs, args, rt):
-    """One DPO step as the script runs it (reference log-probs by the policy ahead, in eval mode, as ref-free)."""
-    for pairs_mb, sequences in dpo.forward_batches(pairs, args, rt.rank, rt.world):
-        ids, attn, mask = dpo.collate(sequences, 0, rt.device)
-        with torch.no_grad(), rt.autocast:
-            ref_logps = dpo.token_logps(policy.eval(), ids, attn, mask, rt.head_dtype)
-        policy.train()
-        with rt.autocast:
-            logps = dpo.token_logps(policy, ids, attn, mask, rt.head_dtype)
-        n, m = len(pairs_mb), mask[:, 1:]
-        losses, _ = dpo.dpo_loss(logps[:n], logps[n:], ref_logps[:n], ref_logps[n:], m[:n], m[n:], 0.1, -1.5, 1.5)
-        (losses.sum() * rt.world / args.batch_size).backward()
-    grads = sorted({str(p.grad.dtype) for p in policy.parameters()})
-    dpo.optimizer_step(policy, None, optimizer, scheduler, 1.0, "none", 1, 0)
-    return logps, ref_logps, losses, grads
+def run_main(argv, **watch):
+    """dpo_humanline.main() on `argv`, with each of the script's functions named in `watch` wrapped by its watcher:
+    watcher(real, *args, **kwargs) calls the real function and returns what it returns."""
+    patches = [
+        mock.patch.object(dpo, name, (lambda real, w: lambda *a, **k: w(real, *a, **k))(getattr(dpo, name), w))
+        for name, w in watch.items()
+    ]
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        stack.enter_context(mock.patch.object(sys, "argv", ["dpo_humanline.py", *argv]))
+        dpo.main()
 
 
 def fsdp(model_dir, out):
-    """Two gloo processes: per-rank load memory, the loaded shards, gradient shards, all-gathers per generate call,
-    and the dtypes along the bf16 path."""
+    """Two gloo processes: per-rank load memory (up to the log-prob check, whose forward is a training step's), the
+    loaded shards, all-gathers per generate call, and the model resharded after it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from torch.distributed.tensor import DTensor
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    args = dpo.Args(
-        model_name_or_path=model_dir,
-        max_steps=120,
-        batch_size=4,
-        micro_batch_size=1,
-        precision="fp32",
-        max_new_tokens=4,
-        temperature=1.0,
-        top_p=1.0,
-    )
+    args = dpo.Args(model_name_or_path=model_dir, precision="fp32", max_new_tokens=4, temperature=1.0, top_p=1.0)
     rt = dpo.setup(args)
     import torch.distributed as dist
 
     result = {"rank": rt.rank}
     import torch.distributed.fsdp  # noqa: F401 (imported before the measurement, as is the model's code:)
-    from transformers import AutoConfig
 
     with torch.device("meta"):
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     reset_peak()
     before, _ = rss()
-    policy = dpo.load_model(args, None, rt)
-    result["load_rss_growth"] = rss()[1] - before
+    loaded = {}
+    check = dpo.check_logps
+    with mock.patch.object(dpo, "check_logps", lambda *a: loaded.setdefault("peak", rss()[1]) and check(*a)):
+        policy = dpo.load_model(args, None, rt)
+    result["load_rss_growth"] = loaded["peak"] - before
     full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rt.rank == 0:  # the loaded shards, gathered, are the file's weights
         ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
         result["loaded_equal"] = ref.keys() == full.keys() and all(torch.equal(ref[k], full[k]) for k in ref)
     result["model_bytes"] = sum(p.numel() * 4 for p in policy.parameters())  # DTensors: the full size
     result["largest_bytes"] = max(p.numel() * 4 for p in policy.parameters())
-    del full
-
-    optimizer, scheduler = dpo.make_optimizer(policy, args)
-    pairs = batch(policy.config.vocab_size, 4, 8, 24)
-    train_step(policy, optimizer, scheduler, pairs, args, rt)  # 2 micro-batches per process
-    for p in policy.parameters():  # a second accumulation, kept: gradient bytes held on this process
-        p.grad = None
-    for pairs_mb, sequences in dpo.forward_batches(pairs, args, rt.rank, rt.world):
-        ids, attn, mask = dpo.collate(sequences, 0, rt.device)
-        dpo.token_logps(policy, ids, attn, mask, rt.head_dtype).sum().backward()
-    result["grad_bytes"] = sum(dpo.local(p.grad).numel() * p.grad.element_size() for p in policy.parameters())
     result["shard_bytes"] = sum(dpo.local(p).numel() * 4 for p in policy.parameters())
-    optimizer.zero_grad(set_to_none=True)
+    del full
 
     calls = []
     real = dist.all_gather_single
@@ -124,83 +114,97 @@ def fsdp(model_dir, out):
     finally:
         dist.all_gather_single = real
     result["units"] = sum(hasattr(m, "reshard") for m in policy.modules())
-    calls.clear()
-    dist.all_gather_single = counting
-    train_step(policy, optimizer, scheduler, pairs, args, rt)  # training after generation: resharded, still right
-    dist.all_gather_single = real
-    result["all_gathers_train_step"] = len(calls)
-
-    # the bf16 path (FSDP2 mixed precision): what humanline reads stays fp32
-    args.precision = "bf16"
-    rt = SimpleNamespace(
-        **{
-            **vars(rt),
-            "dtype": torch.bfloat16,
-            "head_dtype": torch.float32,
-            "autocast": torch.autocast("cpu", dtype=torch.bfloat16),
-        }
-    )
-    policy16 = dpo.load_model(args, None, rt)
-    optimizer, scheduler = dpo.make_optimizer(policy16, args)
-    logps, ref_logps, losses, grads = train_step(policy16, optimizer, scheduler, pairs, args, rt)
-    result["bf16_dtypes"] = {
-        "logps": str(logps.dtype),
-        "ref_logps": str(ref_logps.dtype),
-        "loss": str(losses.dtype),
-        "params": sorted({str(p.dtype) for p in policy16.parameters()}),
-        "grads": grads,
-        "adam": sorted(
-            {str(v.dtype) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1}
-        ),
-    }
+    # after generation every parameter is its shard again, as training expects
+    result["resharded_after_generate"] = all(isinstance(p, DTensor) for p in policy.parameters())
     with open(f"{out}.rank{rt.rank}", "w") as f:
         json.dump(result, f)
     dist.barrier()
     dist.destroy_process_group()
 
 
+def train(model_dir, data, out, precision):
+    """Two gloo processes, two offline + humanline DPO steps of the script's own loop on `data`, 2 micro-batches per
+    process per step: the gradient bytes this process holds after each micro-batch's backward, and the dtypes of
+    what the loss reads and of the parameters, gradients and AdamW moments at the update."""
+    rank = int(os.environ["RANK"])
+    result = {"rank": rank, "grad_bytes": [], "grad_dtypes": set(), "loss_dtypes": set()}
+    models = []
+
+    def load(real, *a, **kw):
+        models.append(real(*a, **kw))  # the first model loaded is the policy
+        return models[-1]
+
+    def after_micro_batch(real, sums, metrics):  # the loop calls it after the micro-batch's backward
+        grads = [p.grad for p in models[0].parameters() if p.grad is not None]
+        result["grad_bytes"].append(sum(dpo.local(g).numel() * g.element_size() for g in grads))
+        result["grad_dtypes"] |= {str(g.dtype) for g in grads}
+        return real(sums, metrics)
+
+    def loss(real, *logps, **kw):
+        result["loss_dtypes"] |= {str(t.dtype) for t in logps[:4]}  # the policy's and the reference's log-probs
+        losses, metrics = real(*logps, **kw)
+        result["loss_dtypes"].add(str(losses.dtype))
+        return losses, metrics
+
+    def update(real, policy, ref, optimizer, *a, **kw):
+        result["params"] = {str(p.dtype) for p in policy.parameters()}
+        result["shard_bytes"] = sum(dpo.local(p).numel() * p.element_size() for p in policy.parameters())
+        done = real(policy, ref, optimizer, *a, **kw)
+        moments = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1]
+        result["adam"] = {str(v.dtype) for v in moments}
+        return done
+
+    flags = ["--model_name_or_path", model_dir, "--dataset", data, "--humanline", "--precision", precision]
+    flags += ["--max_steps", "2", "--batch_size", "8", "--micro_batch_size", "2", "--eval_prompts", "none"]
+    flags += ["--save_every", "0", "--output_dir", f"{out}.run"]
+    run_main(flags, load_model=load, accumulate=after_micro_batch, dpo_loss=loss, optimizer_step=update)
+    result = {k: sorted(v) if isinstance(v, set) else v for k, v in result.items()}
+    result["model_bytes"] = sum(p.numel() * 4 for p in models[0].parameters())  # DTensors: the full size
+    with open(f"{out}.rank{rank}", "w") as f:
+        json.dump(result, f)
+
+
 def peak(shape_json, out):
-    """One process, one DPO step (the second, so that the gradients and AdamW's moments exist): the peak RSS above
-    the RSS before the model was built, against the memory plan's training phase."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """One process, two DPO steps of the script's own loop (the second, so that the gradients and AdamW's moments
+    exist) on a Llama of the given shape: the peak RSS from the model's load to the second update, above the RSS
+    before it, against the memory plan's training phase."""
+    import tempfile
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     shape = json.loads(shape_json)
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    config = LlamaConfig(**shape["config"])
-    flags = shape["flags"]
-    args = dpo.Args(
-        max_steps=120,
-        batch_size=flags["batch_size"],
-        micro_batch_size=flags["micro_batch_size"],
-        max_length=flags["max_length"],
-        gradient_checkpointing=flags["gradient_checkpointing"],
-        precision=flags["precision"],
-        eval_prompts="none",
-    )
-    rt = SimpleNamespace(
-        rank=0,
-        world=1,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        head_dtype=torch.float32,
-        autocast=torch.autocast("cpu", dtype=torch.bfloat16, enabled=flags["precision"] == "bf16"),
-    )
-    pairs = batch(config.vocab_size, flags["batch_size"], 16, flags["max_length"] - 16)
-    reset_peak()
-    before, _ = rss()
-    policy = LlamaForCausalLM(config)
-    if args.gradient_checkpointing:
-        policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    optimizer, scheduler = dpo.make_optimizer(policy, args)
-    for _ in range(2):
-        train_step(policy, optimizer, scheduler, pairs, args, rt)
-    measured = rss()[1] - before
-    rows = memory_plan.plan(args, "dpo", 1, config=config, gpu=False)
+    config, flags = LlamaConfig(**shape["config"], pad_token_id=0, eos_token_id=1), shape["flags"]
+    with tempfile.TemporaryDirectory() as tmp:
+        LlamaForCausalLM(config).save_pretrained(os.path.join(tmp, "model"))
+        AutoTokenizer.from_pretrained(os.path.join(ROOT, "toy", "model")).save_pretrained(os.path.join(tmp, "model"))
+        pairs_file(os.path.join(tmp, "pairs.jsonl"), flags["batch_size"], 16, flags["max_length"] - 16)
+        seen = {}
+
+        def load(real, args, *a, **kw):
+            reset_peak()
+            seen["args"], seen["before"] = args, rss()[0]
+            return real(args, *a, **kw)
+
+        def update(real, *a, **kw):
+            done = real(*a, **kw)
+            seen["peak"] = rss()[1]  # after each update, before the checkpoint of the last step gathers the model
+            return done
+
+        argv = ["--model_name_or_path", os.path.join(tmp, "model"), "--dataset", os.path.join(tmp, "pairs.jsonl")]
+        argv += ["--batch_size", str(flags["batch_size"]), "--micro_batch_size", str(flags["micro_batch_size"])]
+        argv += ["--max_length", str(flags["max_length"]), "--max_prompt_length", "16", "--max_steps", "2"]
+        argv += ["--precision", flags["precision"], "--eval_prompts", "none", "--save_every", "0"]
+        argv += ["--output_dir", os.path.join(tmp, "run")] + ["--gradient_checkpointing"] * flags[
+            "gradient_checkpointing"
+        ]
+        run_main(argv, load_model=load, optimizer_step=update)
+    rows = memory_plan.plan(seen["args"], "dpo", 1, config=config, gpu=False)
     train = sum(v for _, v, p in rows if p in ("train", "both"))
     with open(out, "w") as f:
-        json.dump({"measured": measured, "planned": train, "rows": rows}, f)
+        json.dump({"measured": seen["peak"] - seen["before"], "planned": train, "rows": rows}, f)
 
 
 if __name__ == "__main__":
-    {"fsdp": fsdp, "peak": peak}[sys.argv[1]](*sys.argv[2:])
+    {"fsdp": fsdp, "train": train, "peak": peak}[sys.argv[1]](*sys.argv[2:])

@@ -14,6 +14,7 @@ import runpy
 import shlex
 import signal
 import sys
+import tempfile
 from types import SimpleNamespace
 from unittest import mock
 
@@ -522,6 +523,8 @@ def parsed(algo, argv, world=1, rows=1000, printed=None):
         mock.patch.object(module, "load_model", stop),
         mock.patch.object(memory_plan, "read_config", local_config),
         contextlib.redirect_stdout(printed or io.StringIO()),
+        tempfile.TemporaryDirectory() as here,
+        contextlib.chdir(here),  # its own folder: the runs a user has in the working tree are not this test's
     ):
         with pytest.raises(Loaded) as got:
             module.main()

@@ -11,6 +11,7 @@ import sys
 from types import SimpleNamespace
 from unittest import mock
 
+import gpu_path_helper
 import pytest
 import torch
 from safetensors import safe_open
@@ -165,8 +166,8 @@ def test_activation_checkpointing_keeps_each_layers_input_not_its_activations_as
 
 
 @pytest.fixture(scope="module")
-def fsdp_results(tmp_path_factory):
-    """One 2-process FSDP2 run (gloo) of tests/gpu_path_helper.py on a 63M-parameter untied Llama."""
+def fsdp_model(tmp_path_factory):
+    """A 63M-parameter untied Llama with the toy tokenizer."""
     tmp = tmp_path_factory.mktemp("fsdp")
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -183,8 +184,15 @@ def fsdp_results(tmp_path_factory):
     )
     LlamaForCausalLM(config).save_pretrained(tmp / "model")
     AutoTokenizer.from_pretrained(os.path.join(ROOT, "toy", "model")).save_pretrained(tmp / "model")
+    return tmp / "model"
+
+
+@pytest.fixture(scope="module")
+def fsdp_results(fsdp_model, tmp_path_factory):
+    """One 2-process FSDP2 run (gloo) of tests/gpu_path_helper.py: loading and generation."""
+    tmp = tmp_path_factory.mktemp("fsdp_results")
     proc = subprocess.run(
-        [*TORCHRUN, HELPER, "fsdp", str(tmp / "model"), str(tmp / "out.json")],
+        [*TORCHRUN, HELPER, "fsdp", str(fsdp_model), str(tmp / "out.json")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -192,6 +200,27 @@ def fsdp_results(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((tmp / f"out.json.rank{r}").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, fsdp_model):
+    """Two steps of dpo_humanline.py's own loop on two processes (gloo), on a small untied Llama, in fp32 and in
+    bf16 (FSDP2's mixed precision, forced on the CPU)."""
+    tmp = tmp_path_factory.mktemp("train")
+    model = str(fsdp_model)
+    gpu_path_helper.pairs_file(tmp / "pairs.jsonl", 16, 8, 24)
+    out = {}
+    for precision in ("fp32", "bf16"):
+        proc = subprocess.run(
+            [*TORCHRUN, HELPER, "train", model, str(tmp / "pairs.jsonl"), str(tmp / precision), precision],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[precision] = [json.loads((tmp / f"{precision}.rank{r}").read_text()) for r in (0, 1)]
+    return out
 
 
 def test_one_process_reads_the_weights_and_the_others_receive_only_their_shards(fsdp_results):
@@ -206,22 +235,24 @@ def test_one_process_reads_the_weights_and_the_others_receive_only_their_shards(
     assert rank0["load_rss_growth"] - rank1["load_rss_growth"] > 0.5 * rank0["model_bytes"]
 
 
-def test_gradients_accumulate_sharded_across_micro_batches(fsdp_results):
-    for r in fsdp_results:
-        assert r["grad_bytes"] == r["shard_bytes"] == r["model_bytes"] / 2
+def test_gradients_accumulate_sharded_across_micro_batches(trained):
+    """After every micro-batch's backward in the script's loop, each process holds its shard of the gradient (the
+    reduce-scatter ran), never the whole gradient until the last micro-batch."""
+    for r in trained["fp32"] + trained["bf16"]:
+        assert len(r["grad_bytes"]) == 2 * 2  # two steps of two micro-batches on each process
+        assert r["grad_bytes"] == [r["shard_bytes"]] * 4 and r["shard_bytes"] == r["model_bytes"] / 2
 
 
 def test_generate_gathers_each_shard_group_once_per_call_whatever_the_length(fsdp_results):
     for r in fsdp_results:
         assert r["all_gathers_4"] == r["all_gathers_16"] <= r["units"] + 1
-        assert r["all_gathers_train_step"] > 2 * r["units"]  # training after it: resharded, gathered layer by layer
+        assert r["resharded_after_generate"]  # training after it gathers layer by layer again
 
 
-def test_the_bf16_path_keeps_what_humanline_reads_in_fp32(fsdp_results):
-    for r in fsdp_results:
-        d = r["bf16_dtypes"]
-        assert (d["logps"], d["ref_logps"], d["loss"]) == ("torch.float32",) * 3
-        assert d["params"] == d["grads"] == d["adam"] == ["torch.float32"]
+def test_the_bf16_path_keeps_what_humanline_reads_in_fp32(trained):
+    for r in trained["bf16"] + trained["fp32"]:
+        assert r["loss_dtypes"] == ["torch.float32"]  # the policy's and reference's log-probs, the loss
+        assert r["params"] == r["grad_dtypes"] == r["adam"] == ["torch.float32"]
 
 
 @pytest.fixture(scope="module")
