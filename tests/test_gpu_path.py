@@ -203,11 +203,15 @@ def fsdp_results(fsdp_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, fsdp_model):
-    """Two steps of dpo_humanline.py's own loop on two processes (gloo), on a small untied Llama, in fp32 and in
-    bf16 (FSDP2's mixed precision, forced on the CPU)."""
+def trained(tmp_path_factory):
+    """Two steps of dpo_humanline.py's own loop on two processes (gloo), on a 0.9M-parameter untied Llama, in fp32
+    and in bf16 (FSDP2's mixed precision, forced on the CPU)."""
     tmp = tmp_path_factory.mktemp("train")
-    model = str(fsdp_model)
+    model, _ = small_llama(vocab=1000, layers=4)
+    model.config.update(dict(pad_token_id=0, eos_token_id=1))
+    model.save_pretrained(tmp / "model")
+    AutoTokenizer.from_pretrained(os.path.join(ROOT, "toy", "model")).save_pretrained(tmp / "model")
+    model = str(tmp / "model")
     gpu_path_helper.pairs_file(tmp / "pairs.jsonl", 16, 8, 24)
     out = {}
     for precision in ("fp32", "bf16"):

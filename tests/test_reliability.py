@@ -568,8 +568,8 @@ def test_sigkill_at_any_moment_leaves_complete_checkpoints_and_resume_is_exact(u
 
 @pytest.fixture(scope="module")
 def online_run(toy, tmp_path_factory):
-    """Online DPO with humanline syncing and --clip sampling (its generator is part of the state), a
-    checkpoint after every step."""
+    """Online DPO with humanline syncing and --clip sampling, a checkpoint after every step (the default bounds
+    reject almost nothing: the rejection's generator is checked by the test above)."""
     out = tmp_path_factory.mktemp("online") / "run"
     extra = [
         *ONLINE["dpo_humanline.py"],
@@ -607,6 +607,24 @@ def test_online_resume_in_the_middle_of_a_round_is_exact(online_run, tmp_path):
     assert f"resumed from {out}/{d}" in run_here("dpo_humanline.py", [*extra, "--resume"], out)
     same_runs(full, str(out))
     same_models(full, str(out))
+
+
+# --clip sampling with bounds that reject: the Beta draws come from a generator of their own, which resume restores
+REJECTING = ["--sync", "humanline", "--clip", "sampling", "--log_eps_P", "-0.01", "--log_eps_R", "0.01"]
+REJECTING += ["--learning_rate", "1e-3", "--max_steps", "4", "--save_every", "1"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_with_token_rejection_draws_what_the_uninterrupted_run_drew(script, tmp_path, toy):
+    full, out = tmp_path / "full", tmp_path / "resumed"
+    run_here(script, REJECTING, full)
+    assert steps(str(full))[3]["humanline/clamped_frac"] > 0.05  # the draws decide for many tokens
+    shutil.copytree(full, out)
+    for d in ("checkpoint-3", "checkpoint-4"):
+        shutil.rmtree(out / d)
+    assert f"resumed from {out}/checkpoint-2" in run_here(script, [*REJECTING, "--resume"], out)
+    same_runs(str(full), str(out), keys=("loss", "grad_norm", "lr", "humanline/clamped_frac"))
+    same_models(str(full), str(out))
 
 
 # ----------------------------------------------------------------------------------------------
