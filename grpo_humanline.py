@@ -45,6 +45,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from types import SimpleNamespace
@@ -559,8 +560,9 @@ def parse_args(Args, name, checks):
     settings = {k: getattr(args, k) for k in sorted(given - set(RESUMABLE) - set(MODE))}  # the rest, by their digest
     tag = "-" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:6] if settings else ""
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}{tag}-seed{args.seed}")
-    fail(args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
-    taken = os.path.exists(os.path.join(args.output_dir, "args.json")) and int(os.environ.get("RANK", 0)) == 0
+    rank0 = int(os.environ.get("RANK", 0)) == 0  # (another node's processes may not see the folder: Session says so)
+    fail(rank0 and args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
+    taken = os.path.exists(os.path.join(args.output_dir, "args.json")) and rank0
     replace = "holds another run: --resume continues it, --overwrite_output_dir replaces it"
     fail(taken and not (args.resume or args.overwrite_output_dir), f"--output_dir {args.output_dir} {replace}")
     if args.plan_only or int(os.environ.get("RANK", 0)) == 0:  # the memory per process, from the configs alone
@@ -613,6 +615,8 @@ def setup(args):
     distributed, cuda = "RANK" in os.environ, torch.cuda.is_available()
     if distributed:  # a dead or hung peer raises after --dist_timeout, never hangs
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=args.dist_timeout))
+        # known and harmless: the first hidden state transformers returns is a view, and nothing writes to it in place
+        warnings.filterwarnings("ignore", r"FSDP2-wrapped module \(\w+\) returned a view tensor", UserWarning)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
     if cuda:
@@ -678,10 +682,12 @@ def load_model(args, toy, rt):
                 fully_shard(module, mp_policy=layer)
         fully_shard(model, mp_policy=MixedPrecisionPolicy(rt.head_dtype, torch.float32))
         full = pretrained(transformers.AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
+        outside = [k for k, _ in model.named_buffers() if k not in model.state_dict()]  # not in the file (rotary)
+        model.to_empty(device=rt.device)  # this process's shards, allocated: the file's values are copied into them
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)  # a tensor at a time, cut to shards
         set_model_state_dict(model, full.state_dict() if full else {}, options=options)
-        model.tie_weights()  # the loaded tensors were assigned one per name: tied ones are one parameter again
-        for key, buffer in [(k, b) for k, b in model.named_buffers() if b.is_meta]:  # outside the state dict (rotary)
+        model.tie_weights()
+        for key, buffer in [(k, b) for k, b in model.named_buffers() if k in outside]:
             value = full.get_buffer(key).to(rt.device) if full else torch.empty_like(buffer, device=rt.device)
             dist.broadcast(value, src=0)
             module, _, attr = key.rpartition(".")
@@ -1108,6 +1114,18 @@ class Session:
         self.args, self.rt, self.tokenizer, self.policy, self.ref, self.state = args, rt, tokenizer, policy, ref, state
         self.optimizer, self.scheduler, self.sampling_gen = optimizer, scheduler, sampling_gen
         self.stop, self.bad_streak, self.trackers = [], 0, []
+        if rt.world > 1:  # several nodes need one --output_dir that all of them see: checked before anything is read
+            stamp = torch.tensor([time.time_ns() if rt.rank == 0 else 0], dtype=torch.int64)
+            dist.broadcast(stamp, src=0)
+            probe = os.path.join(args.output_dir, f".shared-{stamp.item()}")
+            if rt.rank == 0:
+                os.makedirs(args.output_dir, exist_ok=True)
+                open(probe, "w").close()
+            try:
+                self.all_see([probe], f"the file process 0 wrote in --output_dir {args.output_dir}")
+            finally:
+                if rt.rank == 0:
+                    os.remove(probe)
         ckpt = (checkpoints(args.output_dir) or [None])[-1] if args.resume else None
         if ckpt:
             self.load(ckpt)
@@ -1208,8 +1226,10 @@ class Session:
             rng["cuda"] = torch.cuda.get_rng_state()
         saved = dict(policy=model, optimizer=optimizer, ref=self.ref and get_model_state_dict(self.ref), rng=rng)
         saved |= dict(scheduler=self.scheduler.state_dict(), world_size=self.rt.world, state=vars(self.state))
+        os.makedirs(tmp, exist_ok=True)  # process 0 made it: here only if this node does not see its folder
         torch.save(saved | {"args": asdict(self.args)}, os.path.join(tmp, f"state-rank{rank}.pt"))
-        self.barrier()
+        states = [os.path.join(tmp, f"state-rank{r}.pt") for r in range(self.rt.world)]
+        self.all_see(states, f"the training states of checkpoint {tmp}")  # or none is renamed into a checkpoint
         if rank == 0:
             fsync(tmp)  # the files reach the disk before the rename makes them the checkpoint
             shutil.rmtree(final, ignore_errors=True)  # a step saved twice (the last one)
@@ -1253,6 +1273,15 @@ class Session:
     def barrier(self):
         if self.rt.world > 1:
             dist.barrier()
+
+    def all_see(self, paths, what):
+        """After a barrier, every process must see every one of `paths`, or all of them stop with one line."""
+        self.barrier()
+        blind = torch.tensor([float(not all(map(os.path.exists, paths)))], dtype=torch.float64)
+        if self.rt.world > 1:
+            dist.all_reduce(blind)
+        shared = "on several nodes --output_dir must be a folder every node sees"
+        fail(blind.item(), f"{int(blind.item())} of {self.rt.world} processes do not see {what}: {shared}")
 
     def finish(self):
         """The final model: the last checkpoint's files, linked into --output_dir (gathered and written once)."""

@@ -20,6 +20,7 @@ import re
 import runpy
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -145,6 +146,8 @@ def checkpoints(out):
 
 def assert_loadable(ckpt, world=1):
     """A complete checkpoint: every process's training state (tensors and plain data only) and the model."""
+    import torch.distributed.tensor  # noqa: F401 (a sharded state holds DTensors, which load once it is imported)
+
     for rank in range(world):
         state = torch.load(os.path.join(ckpt, f"state-rank{rank}.pt"), weights_only=True)
         assert state["state"]["step"] == int(ckpt.rsplit("-", 1)[1]) and state["world_size"] == world
@@ -639,6 +642,8 @@ def two_processes(toy, tmp_path_factory):
     out = tmp_path_factory.mktemp("two") / "run"
     proc = run("dpo_humanline.py", [*TWO, "--save_every", "2"], out, nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # no library warning reaches the user: loading, sampling, training, checkpoints (one silenced by its message)
+    assert "Warning" not in proc.stderr, proc.stderr[-3000:]
     return str(out)
 
 
@@ -672,8 +677,76 @@ def test_sigterm_to_torchrun_checkpoints_every_process_and_resume_is_exact(two_p
     assert_loadable(str(out / f"checkpoint-{last}"), world=2)
     proc = run("dpo_humanline.py", [*TWO, "--save_every", "0", "--resume"], out, nproc=2)
     assert proc.returncode == 0 and f"at step {last}" in proc.stdout, proc.stderr[-3000:]
+    assert "Warning" not in proc.stderr, proc.stderr[-3000:]  # resuming warns of nothing either
     same_runs(two_processes, str(out))
     same_models(two_processes, str(out))
+
+
+def two_nodes(out0, out1, cwd0, cwd1, extra=()):
+    """The same command from two torchrun launchers on localhost, a node each (--nnodes 2, --node_rank, the
+    rendezvous address), each started in its own working directory. Returns both (returncode, output)."""
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launched = []
+    for node, (out, cwd) in enumerate([(out0, cwd0), (out1, cwd1)]):
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1"]
+        launcher += ["--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port)]
+        flags = [*TINY, "--max_steps", "2", "--eval_prompts", "none", "--dist_timeout", "60", *extra]
+        os.makedirs(cwd, exist_ok=True)
+        argv = [*launcher, os.path.join(ROOT, "dpo_humanline.py"), *flags, "--output_dir", str(out)]
+        launched.append(
+            subprocess.Popen(argv, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    return [(p.wait(timeout=240), p.stdout.read()) for p in launched]
+
+
+def test_two_nodes_sharing_the_output_folder_train_and_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    for rc, output in two_nodes(out, out, tmp_path / "node0", tmp_path / "node1", ["--save_every", "1"]):
+        assert rc == 0 and "Traceback" not in output, output[-3000:]
+    assert [r["step"] for r in records(str(out)) if "loss" in r] == [1, 2]
+    assert checkpoints(str(out)) == ["checkpoint-1", "checkpoint-2"]
+    assert_loadable(str(out / "checkpoint-2"), world=2)
+
+
+def test_a_node_that_does_not_see_the_output_folder_stops_every_process_with_one_line(tmp_path):
+    """--output_dir run, relative, from two working directories: each node has a folder of its own, as with a
+    node-local disk. Both stop at start-up with the line naming the folder: no hang, no checkpoint."""
+    results = two_nodes("run", "run", tmp_path / "node0", tmp_path / "node1", ["--save_every", "1"])
+    line = "1 of 2 processes do not see the file process 0 wrote in --output_dir run: on several nodes --output_dir "
+    for rc, output in results:
+        assert rc != 0 and line + "must be a folder every node sees\n" in output, output[-3000:]
+        assert "Traceback" not in output.split(line)[0], output[-3000:]  # nothing of ours before it
+    for node in ("node0", "node1"):
+        folder = tmp_path / node / "run"
+        assert not folder.exists() or os.listdir(folder) == [], os.listdir(folder)  # not a file written, not a probe
+
+
+def test_a_checkpoint_whose_states_a_process_does_not_see_is_never_made(tmp_path):
+    """A node that saw the folder at start-up loses sight of it (here process 1 writes its training state to a
+    folder of its own): every process stops with one line and the checkpoint stays a temporary folder, never a
+    checkpoint without the other process's state."""
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    wrapper = tmp_path / "wrapper.py"  # the real script, with process 1's torch.save sent to another folder
+    wrapper.write_text(
+        f"import os, runpy, sys, torch\nsys.path.insert(0, {ROOT!r})\n"
+        "real = torch.save\n"
+        "def save(obj, path, *a, **k):\n"
+        f"    path = str(path).replace({str(out)!r}, {str(elsewhere)!r})\n"
+        "    os.makedirs(os.path.dirname(path), exist_ok=True)\n"
+        "    return real(obj, path, *a, **k)\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    torch.save = save\n"
+        f"sys.argv[0] = {os.path.join(ROOT, 'dpo_humanline.py')!r}\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(wrapper)]
+    flags = [*TINY, "--max_steps", "2", "--eval_prompts", "none", "--save_every", "1", "--output_dir", str(out)]
+    proc = subprocess.run([*launcher, *flags], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    line = f"2 of 2 processes do not see the training states of checkpoint {out}/checkpoint-1.tmp: on several nodes "
+    assert proc.returncode != 0 and line + "--output_dir must be a folder every node sees" in proc.stderr, proc.stderr
+    assert checkpoints(str(out)) == ["checkpoint-1.tmp"] and sorted(steps(str(out))) == [1]  # stopped at its save
 
 
 def children(pid):
