@@ -67,6 +67,15 @@ def modes(algo):
 RUNS = {f"{algo}-{name}": (f"{algo}_humanline.py", [*BASE, *flags]) for algo in ("dpo", "kto", "grpo")
         for name, flags in modes(algo).items()}
 PINNED_KEYS = ("loss", "grad_norm", "online/reward", "humanline/clamped_frac")
+# Every value is held to 1e-3 of its pinned one, but three that move with the CPU's float order by more: step 3 of
+# syncing every step at 1e-3 with nothing clamped. Adam's first update moves each weight by about the learning rate
+# whatever the size of its gradient, so gradients that differ in rounding move the weights apart, and the next log-
+# ratios, against bounds of +-0.01, amplify it. Their relative spread across torch's code paths (plain, AVX2, and
+# AVX-512 where known: DPO's grad_norm 14.0668 / 14.0229 / 14.0577) is below; they are held to four times it. Every
+# other value's spread is at most 2e-4. Step 3's loss (spread 5e-5 and 6e-7) keeps 1e-3, and tells syncing from
+# none (without it 1.0789 for DPO, 0.5500 for KTO).
+SPREAD = {("dpo-sync-only-tight", 3, "grad_norm"): 3.1e-3, ("dpo-sync-only-tight", 3, "humanline/clamped_frac"): 4.4e-3,
+          ("kto-sync-only-tight", 3, "grad_norm"): 8.8e-4}
 
 
 def run_in_process(script, flags, out):
@@ -108,8 +117,9 @@ def test_every_mode_trains_as_pinned(name, outputs, pinned):
     assert [r["step"] for r in got] == [r["step"] for r in want]
     for g, w in zip(got, want):
         assert g.keys() == w.keys(), (g["step"], sorted(g), sorted(w))
-        for k in w:
-            assert g[k] == pytest.approx(w[k], rel=1e-3, abs=1e-6), (name, g["step"], k)  # float32 differs between CPUs
+        for k in w:  # float32 differs between CPUs
+            rel = max(1e-3, 4 * SPREAD.get((name, g["step"], k), 0.0))
+            assert g[k] == pytest.approx(w[k], rel=rel, abs=1e-6), (name, g["step"], k)
 
 
 @pytest.mark.parametrize("algo", ["dpo", "kto", "grpo"])
