@@ -455,15 +455,17 @@ def parse_args(Args, name, checks):
     settings = {k: getattr(args, k) for k in sorted(given - set(RESUMABLE) - set(MODE))}  # the rest, by their digest
     tag = "-" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:6] if settings else ""
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}{tag}-seed{args.seed}")
+    plan = memory_plan.report(args, name, world, details=args.plan_only)  # from the configs alone, on every process
+    if args.plan_only:  # (so that none is late to the start)
+        print(plan)
+        sys.exit(0)
     rank0 = int(os.environ.get("RANK", 0)) == 0  # (another node's processes may not see the folder: Session says so)
     fail(rank0 and args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
     taken = os.path.exists(os.path.join(args.output_dir, "args.json")) and rank0
     replace = "holds another run: --resume continues it, --overwrite_output_dir replaces it"
     fail(taken and not (args.resume or args.overwrite_output_dir), f"--output_dir {args.output_dir} {replace}")
-    if args.plan_only or int(os.environ.get("RANK", 0)) == 0:  # the memory per process, from the configs alone
-        print(memory_plan.report(args, name, world, details=args.plan_only))
-    if args.plan_only:
-        sys.exit(0)
+    if rank0:
+        print(plan)
     parent = args.output_dir  # it is made when training starts: now, check that it can be
     while not os.path.exists(parent):
         parent = os.path.dirname(parent) or "."

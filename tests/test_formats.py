@@ -484,6 +484,7 @@ def commands():
             if script and not any(w.startswith(("$", "<", "my_")) or w in ("--help", "--plan_only") for w in words):
                 i = words.index(script)
                 nproc = int(words[words.index("--nproc_per_node") + 1]) if "--nproc_per_node" in words[:i] else 1
+                nproc *= int(words[words.index("--nnodes") + 1]) if "--nnodes" in words[:i] else 1  # processes in all
                 found.append((where, script.split("_")[0], words[i + 1 :], nproc))
     return found
 
