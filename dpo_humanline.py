@@ -597,9 +597,12 @@ def check_logps(model, name, rt):
     """What training reads must be the model's own log-probs: a family that changes its logits in a way token_logps
     does not (it applies the head's bias, a logit scale and a softcap) stops here, before any step."""
     ids = torch.arange(3, 11, device=rt.device)[None] % model.config.get_text_config().vocab_size
-    with torch.no_grad(), rt.autocast:
-        own = model.eval()(input_ids=ids).logits[0, :-1].float().log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
-        ours = token_logps(model, ids, torch.ones_like(ids), torch.ones(ids.shape, device=rt.device), rt.head_dtype)
+    try:
+        with torch.no_grad(), rt.autocast:
+            own = model.eval()(input_ids=ids).logits[0, :-1].float().log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+            ours = token_logps(model, ids, torch.ones_like(ids), torch.ones(ids.shape, device=rt.device), rt.head_dtype)
+    except (TypeError, AttributeError, ValueError) as e:  # no hidden states, no logits_to_keep, no output embeddings
+        raise SystemExit(f"{name}: token_logps cannot read this model: {type(e).__name__}: {str(e).splitlines()[0]}")
     if hasattr(model, "reshard"):  # FSDP2 leaves the root gathered after a no-grad forward: the optimizer takes shards
         model.reshard()
     exact = rt.dtype == rt.head_dtype == torch.float32  # else one of the two heads rounds its logits to bf16

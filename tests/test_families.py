@@ -156,3 +156,14 @@ def test_a_family_whose_logits_the_head_cannot_reproduce_stops_at_load_with_one_
         dpo.load_model(args, None, rt)
     assert stop.value.code.startswith(f"{path}: the log-probs token_logps computes differ from the model's own by ")
     assert "\n" not in stop.value.code
+
+    def older(self, *a, logits_to_keep=None, **kw):  # a model class from before logits_to_keep
+        if logits_to_keep is not None:
+            raise TypeError("forward() got an unexpected keyword argument 'logits_to_keep'")
+        return forward(self, *a, **kw)
+
+    with mock.patch.object(transformers.LlamaForCausalLM, "forward", older), pytest.raises(SystemExit) as stop:
+        dpo.load_model(args, None, rt)
+    assert stop.value.code == f"{path}: token_logps cannot read this model: TypeError: forward() got an unexpected " + (
+        "keyword argument 'logits_to_keep'"
+    )

@@ -377,6 +377,6 @@ def test_two_processes_equal_one(pair_runs):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
         # z0 (about 1e-3 here) is a mean of log-ratios summed over ~30 tokens, each a difference of two log-probs of
         # about -2 that float32 rounds to ~2e-7, and other batch shapes round otherwise: the two runs' z0 differ by
-        # ~1e-6 whatever its size (1.2e-6 at step 3 on an AVX2 EPYC), so it is held to 1e-5, not to 1e-4 of itself
+        # ~1e-6 whatever its size (1.2e-6 on an AVX2 EPYC), so it is held to 1e-5, not to 1e-4 of itself
         assert b["kl"] == pytest.approx(a["kl"], rel=1e-4, abs=1e-5)
         assert b["rewards/margins"] == pytest.approx(a["rewards/margins"], rel=1e-3, abs=1e-6)
