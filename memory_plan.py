@@ -67,7 +67,7 @@ def counted(config, cache={}):
         try:
             with torch.device("meta"):
                 model = transformers.AutoModelForCausalLM.from_config(config)
-        except (ValueError, KeyError, TypeError, AttributeError, ImportError):
+        except Exception:  # noqa: BLE001 (whatever stops a family building here, the arithmetic below stands in)
             cache[key] = None
             return None
         layers = [m for m in model.modules() if type(m).__name__ in (model._no_split_modules or [])]
