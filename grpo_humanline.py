@@ -1,168 +1,125 @@
-"""Offline, online and humanline GRPO in one file.
+"""Offline, online and humanline GRPO in one file: the method and the whole loop, in run order.
 
-Humanline (Liu, Muennighoff, Ethayarajh 2025, https://arxiv.org/abs/2509.24207) makes two changes to an
-alignment objective so that offline data trains like online data:
-1. syncing: every `--sync_every` k steps, after the gradients are clipped and before `optimizer.step()`, the
-   reference takes the policy's weights (with k = 1 the reference is always the policy of the step before);
-2. clamping: each token's log-ratio log pi_theta - log pi_ref is clamped to [`--log_eps_P`, `--log_eps_R`] =
-   [-1.5, 1.5] before it enters the loss (a clamped token passes no gradient); GRPO's own clip follows.
-`grep -n "HUMANLINE:" grpo_humanline.py` shows both.
+Humanline (Liu, Muennighoff, Ethayarajh 2025, https://arxiv.org/abs/2509.24207) makes two changes to
+an alignment objective so that offline data trains like online data (lines tagged HUMANLINE):
+1. syncing: every `--sync_every` k steps, after the gradients are clipped and before the update,
+   the reference takes the policy's weights (with k = 1 it is the policy of the step before);
+2. clamping: each token's log-ratio log pi_theta - log pi_ref is clamped to [-1.5, 1.5]
+   (`--log_eps_P`, `--log_eps_R`): a clamped token passes no gradient; GRPO's clip follows.
 
-The loss (eq. 1), per completion token of output i of a group, averaged over the step's completion tokens:
+The loss (eq. 1), per completion token of output i of a group, averaged over the step:
     -min(r A_i, clip(r, 1 - eps, 1 + eps) A_i) + beta KL_t,   A_i = (R_i - mean R) / std R,
-    r = pi_theta / pi_ref,   KL_t = exp(q - p) - (q - p) - 1 (k3; p the policy's, q the baseline's log-prob).
+    r = pi_theta / pi_ref,   KL_t = exp(q - p) - (q - p) - 1 (k3; p the policy's, q the baseline's).
 
-Modes: `--offline` (default; the paper's Algorithm 2: each preference pair is a group of two with advantages
-+1 / -1, the reference frozen at the initial policy); `--online` (every `--sample_every` N steps the policy
-samples `--num_generations` completions per prompt for the next N steps, scored by `--reward_funcs`; N = 1 is
-on-policy, the paper's off-policy math runs take N = 64; without --sync the ratio's denominator is the sampler,
-PPO's theta_old); `--online --pairs_from_samples` (Algorithm 1's (best, worst) pairs as groups of two);
-`--humanline` on any (= `--sync humanline --clip clamp`). Ablations: `--sync trust_region`, `--clip sampling`.
-The README explains the memory options, the deviations and the paper's runs.
+Modes: `--offline` (default; Algorithm 2: each preference pair a group of two, advantages +1 and
+-1, the reference frozen at the initial policy); `--online` (every `--sample_every` N steps the
+policy samples `--num_generations` completions per prompt for the next N steps, scored by
+`--reward_funcs`; N = 1 is on-policy, the paper's math runs take 64; without --sync the ratio's
+denominator is the sampler, PPO's theta_old); `--online --pairs_from_samples` (Algorithm 1's pairs
+as groups of two); `--humanline` on any (= `--sync humanline --clip clamp`). Ablations: `--sync
+trust_region`, `--clip sampling`.
 
-    python grpo_humanline.py --offline --humanline                     # the toy task on a CPU, about half a minute
-    # the paper's runs: offline + humanline on instructions (its Table 3 settings), off-policy humanline on math
-    torchrun --standalone --nproc_per_node 8 grpo_humanline.py --humanline --learning_rate 5e-6 --max_grad_norm 1.0 \\
-        --micro_batch_size 8 --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct \\
-        --dataset princeton-nlp/llama3-ultrafeedback-armorm --eval_prompts none --gradient_checkpointing \\
-        --dataset_split "train[:10000]" --lr_scheduler constant
-    torchrun --standalone --nproc_per_node 8 grpo_humanline.py --online --humanline --sample_every 64 --sync_every 16 \\
-        --learning_rate 1e-6 --batch_size 256 --micro_batch_size 8 --adam_eps 1e-8 --weight_decay 0 --top_p 1.0 \\
-        --max_new_tokens 2048 --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct \\
-        --dataset DigitalLearningGmbH/MATH-lighteval --as_chat --system_prompt r1 \\
-        --reward_funcs tag_count,format,accuracy --eval_prompts HuggingFaceH4/MATH-500 --reward_model accuracy \\
-        --gradient_checkpointing --max_steps 1600 --beta 1e-4 --eps 0.2 --max_length 2560 --generation_batch_size 64 \\
-        --logps_temperature 0.7 --advantage_std sample --lr_scheduler constant
+Where this script departs from the paper (the full table, with flags: docs/paper-runs.md):
+1. No second model holds the reference (`--ref_free on`, the default): where the reference would
+   take the policy's weights, the policy computes the log-probs it would give (the same values).
+2. The loss is normalised over the step's tokens, across micro-batches and processes.
+3. Groups of two get advantages -1 and +1 exactly; the authors' code divides by std + 0.01.
+4. Math, where the paper is silent: KL coefficient 0.01 against the ratio's denominator, clip 0.15,
+   log-probs at temperature 1 (the authors': 1e-4, 0.2, 0.7, set by docs/paper-runs.md's command).
+5. Dropout is off (`--keep_dropout`); the learning rate decays (`--lr_scheduler`).
+
+    python grpo_humanline.py --offline --humanline    # the toy task on a CPU, ~30 seconds
+    torchrun --standalone --nproc_per_node 8 grpo_humanline.py --humanline --micro_batch_size 8 \\
+        --model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --lr_scheduler constant \\
+        --dataset princeton-nlp/llama3-ultrafeedback-armorm --dataset_split "train[:10000]" \\
+        --eval_prompts none --gradient_checkpointing    # the math runs: docs/paper-runs.md
 """
 
-import hashlib
-import importlib
-import json
 import math
 import os
-import shutil
-import signal
-import subprocess
-import sys
 import time
-import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Literal, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 import transformers
-from tqdm.auto import tqdm
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import humanline_sampling
 import math_rewards
-import memory_plan
-import toy_task
-
-
-def arg(default, help):  # a flag: its default and its --help line
-    return field(default=default, metadata={"help": help})
+import plumbing  # how a run is kept (checks, data formats, checkpoints, logging), for all three
+from plumbing import RunArgs, arg
 
 
 @dataclass
-class Args:
+class Args(RunArgs):  # how a run is kept (evaluation, checkpoints, logging): RunArgs
     # mode
     offline: bool = arg(False, "Algorithm 2: each preference pair a group of two (the default).")
     online: bool = arg(False, "Sample groups of --num_generations every --sample_every steps.")
     humanline: bool = arg(False, "= --sync humanline --clip clamp.")
-    pairs_from_samples: bool = arg(False, "Online: Algorithm 1's (best, worst) pairs in rounds, as groups of two.")
+    pairs_from_samples: bool = arg(False, "Online: Algorithm 1's (best, worst) pairs in rounds.")
     # model and data
     model_name_or_path: str = arg("toy", "'toy' (the built-in task) or a causal LM.")
-    dataset: str = arg("toy", "Preference rows (online: prompt or problem): 'toy', 'toy:weak', a hub name, a file.")
-    dataset_split: str = arg("train", "Split of --dataset (a file's: train), or a slice: 'train[:10000]'.")
-    eval_prompts: str = arg("toy", "Held-out prompts: 'toy' (test split), 'toy:valid', a hub name, a file, or 'none'.")
-    reward_model: str = arg("toy", "Evaluation scorer: toy, toy_verify, accuracy, a reward model, or module:function.")
-    reward_funcs: str = arg("", "Online rewards, comma-separated scorer names (default toy_verify; toy with pairs).")
-    reward_weights: str = arg("", "Their weights (default 1 each; tag_count, format, accuracy: 1, 1, 8).")
-    as_chat: bool = arg(False, "Wrap plain-string prompts as a user message (chat template).")
-    system_prompt: str = arg("", "With --as_chat, a system message first ('r1': Open-R1's prompt).")
-    keep_dropout: bool = arg(False, "Keep the model's dropout (off: the log-ratios would be mostly its noise).")
-    trust_remote_code: bool = arg(False, "Allow custom model code from the hub.")
-    on_bad_reward: Literal["drop", "stop"] = arg(
-        "drop", "A reward that is NaN, None or raises: drop that sample (counted), or stop the run."
-    )
+    dataset: str = arg("toy", "Pairs (online: prompt or problem): toy, toy:weak, a hub name, file.")
+    dataset_split: str = arg("train", "Split of --dataset (a file's: train), or 'train[:1000]'.")
+    reward_model: str = arg("toy", "Evaluation scorer: toy, toy_verify, accuracy, a model, mod:fn.")
+    reward_funcs: str = arg("", "Online rewards, scorer names (default toy_verify; pairs: toy).")
+    reward_weights: str = arg("", "Their weights (default 1; tag_count, format, accuracy: 1, 1, 8).")
+    keep_dropout: bool = arg(False, "Keep dropout (else off: it would swamp the log-ratios).")
     max_prompt_length: int = arg(512, "Longer prompts keep their last tokens (counted).")
     max_length: int = arg(1024, "Prompt + completion; longer completions are cut (counted).")
     # optimisation
-    max_steps: Optional[int] = arg(None, "Optimizer steps; unset: one pass over --dataset (the toy: 120).")
-    batch_size: int = arg(64, "Sequences per optimizer step, over all processes (groups included).")
-    micro_batch_size: Optional[int] = arg(None, "Sequences per forward pass per process; unset: the batch's share.")
-    gradient_checkpointing: bool = arg(False, "Recompute each decoder layer in the backward (8B: needed).")
+    max_steps: Optional[int] = arg(None, "Optimizer steps; unset: one pass (the toy: 120).")
+    batch_size: int = arg(64, "Sequences per optimizer step, over all processes.")
+    micro_batch_size: Optional[int] = arg(None, "Sequences per forward per process; unset: all.")
+    gradient_checkpointing: bool = arg(False, "Recompute each layer in the backward (8B: on).")
     learning_rate: float = arg(5e-6, "Peak learning rate (paper: 5e-6; math 1e-6).")
     warmup_ratio: float = arg(0.1, "Linear warmup over this fraction of the steps.")
-    lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0, or constant (the authors').")
+    lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0 or hold.")
     weight_decay: float = arg(0.01, "AdamW weight decay.")
     adam_eps: float = arg(1e-5, "AdamW epsilon.")
     max_grad_norm: float = arg(1.0, "Gradient clipping norm.")
-    max_bad_steps: int = arg(3, "Steps with a non-finite loss are skipped; this many in a row stop the run.")
     beta: float = arg(0.01, "KL coefficient (k3 estimator, against --kl_baseline).")
-    eps: Optional[float] = arg(None, "The ratio clip [1 - eps, 1 + eps]. Default: 0.5 plain offline, else 0.15.")
-    logps_temperature: float = arg(1.0, "Log-probs of logits / T (the authors' math code: the sampling temperature).")
+    eps: Optional[float] = arg(None, "Ratio clip [1 - eps, 1 + eps]; 0.5 plain offline, else 0.15.")
+    logps_temperature: float = arg(1.0, "Log-probs of logits / T (authors' math: sampling's T).")
     advantage_std: Literal["population", "sample"] = arg(
-        "population", "std R in the advantage: population, or sample (n - 1, plus 1e-4: the authors' math code)."
+        "population", "std R in A: population, or sample (n - 1, + 1e-4: authors' math)."
     )
     kl_baseline: Literal["reference", "initial"] = arg(
-        "reference", "KL against the reference (the ratio's denominator) or the frozen initial policy."
+        "reference", "KL against the reference (the ratio's denominator) or the initial policy."
     )
     seed: int = arg(0, "Random seed (data order, sampling).")
     # humanline
     sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(
-        None,
-        "Sync the reference to the policy: humanline before the update, trust_region after it; "
-        "unset: none (--humanline: humanline).",
+        None, "Sync the reference: humanline before the update, trust_region after; unset: none."
     )
     sync_every: int = arg(1, "k: sync every k optimizer steps.")
     clip: Optional[Literal["none", "clamp", "sampling"]] = arg(
-        None,
-        "Token log-ratios: clamp to [--log_eps_P, --log_eps_R], or sampling (Beta rejection); "
-        "unset: none (--humanline: clamp).",
+        None, "Token log-ratios: clamp to [P, R], or sampling (Beta rejection); unset: none."
     )
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
-    ref_free: Literal["on", "off"] = arg("on", "on: the policy computes reference log-probs ahead; off: two models.")
+    ref_free: Literal["on", "off"] = arg("on", "on: no reference model (same values); off: one.")
     # online sampling
     num_generations: int = arg(8, "G: completions sampled per prompt.")
-    sample_every: int = arg(1, "Sample every N steps the data of N steps (1: on-policy; paper's math: 64).")
+    sample_every: int = arg(1, "Sample every N steps the data of N steps (1: on-policy; math: 64).")
     round_size: int = arg(256, "--pairs_from_samples: prompts per round (paper: 1024).")
     temperature: float = arg(0.7, "Sampling temperature.")
     top_p: float = arg(0.95, "Nucleus sampling.")
     max_new_tokens: int = arg(40, "Longest sampled completion (paper: 2048).")
-    reward_threshold: float = arg(0.01, "--pairs_from_samples: tau, keep a pair only if best - worst >= tau.")
-    generation_batch_size: int = arg(512, "Sequences per generate() call per process (KV cache).")
-    reward_batch_size: int = arg(16, "Sequences per reward-model forward.")
-    # evaluation, checkpoints, distributed
-    eval_every: int = arg(20, "Evaluate at step 0 and every N steps (0: only at the end).")
-    num_eval_prompts: int = arg(256, "Held-out prompts per evaluation.")
-    output_dir: str = arg("", "Default: runs/grpo-<mode>-seed<seed>.")
-    save_every: int = arg(50, "Checkpoint every N steps (0: only at the end).")
-    save_total_limit: int = arg(0, "Keep only the newest N checkpoints (0: all).")
-    resume: bool = arg(False, "Continue from the newest checkpoint in --output_dir.")
-    overwrite_output_dir: bool = arg(False, "Replace the run in --output_dir (else another run's folder is refused).")
-    report_to: str = arg("none", "Also log to tensorboard, wandb, or both (tensorboard,wandb); metrics.jsonl always.")
-    log_every: int = arg(1, "Write metrics every N steps.")
-    dist_timeout: int = arg(1800, "Seconds a collective waits: a dead process stops the run.")
-    precision: Optional[Literal["bf16", "fp32"]] = arg(
-        None, "Compute dtype; unset: bf16 on a GPU, else fp32 (weights, gradients and AdamW stay fp32)."
-    )
-    fp32_head: bool = arg(True, "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16).")
-    plan_only: bool = arg(False, "Print the memory plan per GPU for these flags and exit (loads no weights).")
+    reward_threshold: float = arg(0.01, "--pairs_from_samples: keep a pair if best - worst >= tau.")
 
 
 # ALGO LOGIC: advantages and the loss (eq. 1, appendix C.1)
 def group_advantages(rewards, group_size, std="population"):
-    """A_i = (R_i - mean R) / std R within each group (population std), rewards (n,) laid out group after
-    group; returns (n,). A group of equal rewards gets 0; a group of two distinct rewards exactly -1, +1.
-    std="sample": (R_i - mean R) / (std R + 1e-4) with the n - 1 std, as the authors' math code (TRL's)."""
+    """A_i = (R_i - mean R) / std R within each group (population std), rewards (n,) group after
+    group. A group of equal rewards gets 0; one of two distinct rewards exactly -1, +1.
+    std="sample": (R_i - mean R) / (std R + 1e-4), the n - 1 std, as the authors' math code."""
     r = rewards.reshape(-1, group_size)
     centred = r - r.mean(-1, keepdim=True)
     if std == "sample":
@@ -170,8 +127,9 @@ def group_advantages(rewards, group_size, std="population"):
     if group_size == 2:  # the formula's value, exactly: (R_i - mean) / std = sign(R_i - R_j)
         return torch.sign(r - r.flip(-1)).reshape(-1)
     std = r.std(-1, unbiased=False, keepdim=True)
-    equal = (r == r[:, :1]).all(-1, keepdim=True)  # exact test: a rounded mean may leave a tiny nonzero std
-    return torch.where(equal, torch.zeros_like(r), centred / torch.where(equal, torch.ones_like(std), std)).reshape(-1)
+    equal = (r == r[:, :1]).all(-1, keepdim=True)  # exact: a rounded mean may leave a tiny std
+    scaled = centred / torch.where(equal, torch.ones_like(std), std)
+    return torch.where(equal, torch.zeros_like(r), scaled).reshape(-1)
 
 
 def grpo_loss(
@@ -187,18 +145,17 @@ def grpo_loss(
     num_tokens=None,
     rejected=None,
 ):
-    """GRPO (eq. 1) on per-token log-probs: the mean over valid tokens of
-    -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta KL_t, r = exp(policy - ref), KL_t = exp(q - p) - (q - p) - 1
-    with p = policy_logps, q = baseline_logps (k3 estimator). Tensors (batch, seq), mask 1 on completion
-    tokens, advantages (batch,). The mean divides by `num_tokens` when given (DAPO: the valid tokens of the
-    whole optimizer step, so that summing the micro-batches' losses gives the step's loss), else mask.sum().
-    With both bounds, each token log-ratio is clamped to [log_eps_P, log_eps_R] first (a clamped
-    token passes no gradient), then GRPO's clip applies; `rejected` (bool, --clip sampling) detaches those
-    tokens' ratios instead. The KL term always uses the unclamped log-probs. Returns (loss, metrics)."""
+    """GRPO (eq. 1): the mean over valid tokens of -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta KL,
+    r = exp(policy - ref), KL = exp(q - p) - (q - p) - 1, p policy_logps, q baseline_logps (k3).
+    Tensors (batch, seq), mask 1 on completion tokens, advantages (batch,). The mean divides by
+    `num_tokens` if given (DAPO: the step's valid tokens, so the micro-batches' losses sum to the
+    step's), else mask.sum(). With both bounds each token log-ratio is clamped first, then GRPO's
+    clip applies; `rejected` (--clip sampling) detaches those tokens' ratios instead. KL is of the
+    unclamped log-probs."""
     log_ratio = policy_logps - ref_logps
     if log_eps_P is not None and log_eps_R is not None:
-        log_ratio = log_ratio.clamp(log_eps_P, log_eps_R)  # HUMANLINE: clamp each token's log-ratio
-    if rejected is not None:  # the ablation (--clip sampling): rejected tokens pass no gradient through the ratio
+        log_ratio = log_ratio.clamp(log_eps_P, log_eps_R)  # HUMANLINE: clamp per token
+    if rejected is not None:  # the ablation: rejected tokens pass no gradient through the ratio
         log_ratio = torch.where(rejected, log_ratio.detach(), log_ratio)
     ratio = log_ratio.exp()
     a = advantages[:, None].to(ratio.dtype)
@@ -208,7 +165,7 @@ def grpo_loss(
     n = mask.sum() if num_tokens is None else num_tokens
     loss = ((-surrogate + beta * kl) * mask).sum() / n
     valid = mask.bool()
-    metrics = {  # per valid token: their mean over a whole step is the step's value; "loss" is the step's loss
+    metrics = {  # per valid token: their mean over the step is its value (so is "loss")
         "loss": (-surrogate + beta * kl).detach()[valid],
         "kl": kl.detach()[valid],
         "clip_frac": (((ratio > 1 + eps) & (a > 0)) | ((ratio < 1 - eps) & (a < 0))).float()[valid],
@@ -219,58 +176,61 @@ def grpo_loss(
 
 
 def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
-    """Per sequence, the fraction of its completion tokens whose log-ratio lies outside the clip range."""
+    """Per sequence, the fraction of its completion tokens whose log-ratio is outside the clip."""
     ratio = (policy_logps - ref_logps).detach()
     return (((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-@torch.no_grad()
-def sync_reference(ref, policy):
-    """The reference takes the policy's weights: a local copy of each shard, no communication. Returns the seconds."""
-    if ref is None:  # REF-FREE: no reference model (the policy computes its log-probs ahead: reference_ahead)
-        return 0.0
-    t0 = time.time()
-    for model in (ref, policy):
-        if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a no-grad forward
-            model.reshard()
-    for r, p in zip(ref.parameters(), policy.parameters()):
-        local(r).copy_(local(p))
-    return time.time() - t0
+# the reference and the update
+class ReferenceModel:
+    """The textbook reference (--ref_free off): a second copy of the policy, sharded exactly like
+    it, so that a sync copies each process's shards in place (no communication). The default,
+    plumbing.PolicyAsReference, holds the same reference without the copy, with the same methods."""
+
+    def __init__(self, model, rt):
+        self.model, self.rt, self.seconds = model.eval().requires_grad_(False), rt, 0.0
+
+    @torch.no_grad()
+    def logps(self, step, micro, inputs):  # of micro-batch `micro` of step `step`: collate's inputs
+        return token_logps(self.model, *inputs, self.rt.head_dtype, self.rt.logps_temperature)
+
+    @torch.no_grad()
+    def sync(self, policy, step):  # the reference takes the policy's weights: a copy of each shard
+        t0 = time.time()
+        for model in (self.model, policy):
+            if hasattr(model, "reshard"):  # FSDP2 keeps the root gathered after a no-grad forward
+                model.reshard()
+        for r, p in zip(self.model.parameters(), policy.parameters()):
+            plumbing.local(r).copy_(plumbing.local(p))
+        self.seconds += time.time() - t0
+
+    reset = sync  # at step 0 and at an online round's start (Algorithm 1)
 
 
-def optimizer_step(policy, ref, optimizer, scheduler, max_grad_norm, sync, sync_every, step, skip=False):
-    """Clip the gradients, then update. Every k-th step (counted from 0) `humanline` syncs the reference *before*
-    the update (it then holds the pre-update weights), `trust_region` (TR-DPO, the ablation) *after* it. With
-    `skip` (a non-finite loss) or a non-finite grad norm the update is left out, not the sync: the reference's
-    schedule depends on the step alone. Returns (grad norm, seconds spent syncing)."""
+def optimizer_step(policy, reference, optimizer, scheduler, max_grad_norm, sync, sync_every, step, skip=False):
+    """Clip the gradients, then update. Every k-th step (from 0) `humanline` syncs the reference
+    *before* the update (so it holds the pre-update weights), `trust_region` (the ablation) *after*.
+    A skipped step (non-finite loss or grad norm) leaves out the update, never the sync."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    due, seconds = (step + 1) % sync_every == 0, 0.0
+    due = (step + 1) % sync_every == 0
     if sync == "humanline" and due:
-        seconds = sync_reference(ref, policy)  # HUMANLINE: sync after the gradients are clipped, before the update
+        reference.sync(policy, step)  # HUMANLINE: sync after clipping, before the update
     if not skip and torch.isfinite(grad_norm):
         optimizer.step()
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     if sync == "trust_region" and due:
-        seconds = sync_reference(ref, policy)
-    return grad_norm, seconds
-
-
-def reference_step(step, sync, sync_every, reset=0):
-    """The step whose starting policy is step `step`'s reference, by the schedule optimizer_step follows: humanline
-    syncs before update t = k-1, 2k-1, ..., so steps t+1 to t+k see the policy as step t began; trust-region syncing
-    copies after it (the policy as step t+1 began); never before `reset` (0, or an online round's start). The
-    reference-free path computes the reference's log-probs with the policy at that step (reference_ahead)."""
-    synced = step // sync_every * sync_every - (sync == "humanline")  # HUMANLINE: the sync schedule, reference-free
-    return max(reset or 0, synced if sync != "none" else 0)
+        reference.sync(policy, step)
+    return grad_norm
 
 
 # batching and log-probs
 def offline_batch(examples, step, batch_size, seed):
-    """A step's offline batch: one fixed permutation per epoch, so the batch depends on the step only."""
+    """A step's offline batch: one fixed permutation per epoch, so a function of the step alone."""
     epoch, pos = divmod(step, len(examples) // batch_size)
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(stream_seed(seed, "data", epoch)))
+    shuffle = torch.Generator().manual_seed(plumbing.stream_seed(seed, "data", epoch))
+    order = torch.randperm(len(examples), generator=shuffle)
     return [examples[i] for i in order[pos * batch_size : (pos + 1) * batch_size].tolist()]
 
 
@@ -281,11 +241,12 @@ def micro_batches(batch, args, rank, world):
 
 
 def group_sequences(groups, std="population"):
-    """ALGO LOGIC: groups (prompt_ids, [completion_ids], rewards) -> training sequences, group after group:
-    (prompt_ids, completion_ids, advantage, reward)."""
+    """ALGO LOGIC: groups (prompt_ids, [completion_ids], rewards) -> training sequences, group after
+    group: (prompt_ids, completion_ids, advantage, reward)."""
     out = []
     for p, completions, rewards in groups:
-        advantages = group_advantages(torch.tensor(rewards, dtype=torch.float64), len(rewards), std).tolist()
+        rewards_t = torch.tensor(rewards, dtype=torch.float64)
+        advantages = group_advantages(rewards_t, len(rewards), std).tolist()
         out += [(p, c, a, r) for c, a, r in zip(completions, advantages, rewards)]
     return out
 
@@ -296,7 +257,7 @@ def forward_batches(batch, args, rank, world):
 
 
 def collate(sequences, pad_id, device):
-    """(input_ids, attention_mask, loss_mask), right-padded to this micro-batch's longest sequence."""
+    """(input_ids, attention_mask, loss_mask) of (prompt_ids, completion_ids), right-padded."""
     width = max(len(p) + len(c) for p, c in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     attn, loss_mask = torch.zeros(len(sequences), width, dtype=torch.long), torch.zeros(len(sequences), width)
@@ -307,15 +268,15 @@ def collate(sequences, pad_id, device):
 
 
 def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.float32, temperature=1.0, chunk=1024):
-    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere. The LM head and log-softmax run
-    on completion positions only, `chunk` at a time, recomputed in the backward, in `head_dtype` (fp32: with k = 1
-    the log-ratio humanline trains on is ~1e-3, below bf16's rounding of large logits): no (batch, seq, vocab)
-    logits are made, which at 8B with a 128k vocabulary would not fit. With `temperature`, of logits / temperature."""
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True)
-    hidden = model(**inputs, logits_to_keep=1).hidden_states[-1][:, :-1]  # after the final norm (the head: 1 position)
+    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere. The LM head
+    and log-softmax run on completion positions only, `chunk` at a time, recomputed in the
+    backward, in `head_dtype` (fp32: with k = 1 the log-ratio humanline trains on is ~1e-3, below
+    bf16's rounding of large logits). No (batch, seq, vocab) logits: at 8B they would not fit."""
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1]  # final norm
     where = loss_mask[:, 1:].bool()
     h, targets, head = hidden[where], input_ids[:, 1:][where], model.get_output_embeddings()
-    # the head as the model applies it: some families scale their logits (Cohere, Granite) or softcap them (Gemma 2)
+    # the head as the model applies it: some scale their logits (Cohere, Granite), some softcap
     config = model.config.get_text_config()
     scale = getattr(config, "logit_scale", None) or 1 / (getattr(config, "logits_scaling", None) or 1)
     softcap = getattr(config, "final_logit_softcapping", None)
@@ -326,19 +287,20 @@ def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.fl
 
 
 def head_logps(h, targets, weight, bias, dtype, scale=1.0, softcap=None, temperature=1.0):
-    """log softmax(logits / temperature)[target] for each row of h, in `dtype` (outside any autocast); the logits
-    (h W^T + bias) * scale, then softcapped to (-softcap, softcap) by softcap * tanh(logits / softcap)."""
+    """log softmax(logits / temperature)[target] per row of h, in `dtype` (outside any autocast):
+    logits = (h W^T + bias) * scale, then softcap * tanh(logits / softcap)."""
     with torch.autocast(h.device.type, enabled=False):
-        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype), bias if bias is None else bias.to(dtype))
-        logits = logits.float() * scale
+        bias = bias if bias is None else bias.to(dtype)
+        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype), bias).float() * scale
         logits = softcap * torch.tanh(logits / softcap) if softcap else logits
         logits = logits / temperature
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
 
 def best_worst_pairs(groups, threshold):
-    """ALGO LOGIC: Algorithm 1's pairing: per prompt, (best, worst) of its scored samples if best - worst >= tau.
-    groups: (prompt_ids, completions, scores), a None score (a bad reward) left out. Returns groups of two."""
+    """ALGO LOGIC: Algorithm 1's pairing: per prompt, the (best, worst) of its scored samples if
+    best - worst >= tau. groups: (prompt_ids, completions, scores), a None score (a bad reward)
+    left out. Returns groups of two."""
     pairs = []
     for p, completions, scores in groups:
         ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
@@ -347,334 +309,33 @@ def best_worst_pairs(groups, threshold):
     return pairs
 
 
-def main():
-    def checks(a, given):
-        group = 2 if a.offline or a.pairs_from_samples else a.num_generations
-        online_only = a.offline and given & {"sample_every", "reward_funcs", "reward_weights"}
-        pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
-        funcs, weights = (a.reward_funcs or "x").split(","), (a.reward_weights or a.reward_funcs or "x").split(",")
-        return [
-            (a.num_generations < 2 or a.sample_every < 1, "--num_generations must be at least 2, --sample_every 1"),
-            (a.pairs_from_samples and (a.offline or a.sample_every != 1), "--pairs_from_samples: --online, in rounds"),
-            (a.eps is not None and a.eps <= 0, f"--eps must be above 0, got {a.eps}"),
-            (a.beta < 0 or a.logps_temperature <= 0, "--beta must be at least 0, --logps_temperature above 0"),
-            (online_only, "--sample_every, --reward_funcs and --reward_weights act only with --online"),
-            (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
-            (a.batch_size % group, f"--batch_size {a.batch_size} must be a multiple of the group size, {group}"),
-            (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one weight per --reward_funcs name"),
-        ]
-
-    args = parse_args(Args, "grpo", checks)
-    if args.eps is None:  # the paper: 0.5 for plain offline GRPO, 0.15 for everything else
-        args.eps = 0.5 if args.offline and args.sync == "none" and args.clip == "none" else 0.15
-    args.reward_funcs = args.reward_funcs or ("toy" if args.pairs_from_samples else "toy_verify")
-    args.reward_weights = args.reward_weights or math_rewards.default_weights(args.reward_funcs.split(","))
-    group_size = 2 if args.offline or args.pairs_from_samples else args.num_generations
-    per_round = args.round_size if args.pairs_from_samples else args.sample_every * args.batch_size // group_size
-    rt = setup(args)  # processes, device, seeds
-    tokenizer, toy = load_tokenizer(args)
-
-    # data: every row is checked before any model loads, so that bad data stops a run in seconds
-    if args.offline:  # ALGO LOGIC: Algorithm 2: each pair a group of two whose rewards rank chosen first
-        rows = load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size // 2)
-        train_groups = [(p, cs, [1.0, 0.0]) for p, cs, _ in rows]
-    else:
-        train_prompts = load_data(args, "prompts", tokenizer, toy, rt, need=per_round)
-    data = train_groups if args.offline else train_prompts
-    plan_run(args, len(data), args.batch_size // group_size, "pairs" if args.offline else "prompts", rt.rank)
-    eval_prompts = load_data(args, "eval", tokenizer, toy, rt)
-
-    # models: the policy, its reference (sharded exactly like it), the KL baseline, the scorers; optimizer, schedule
-    policy = load_model(args, toy, rt).train()
-    # on-policy (a fresh sampling every step, no sync): the sampler is the policy as it stands, so the ratio's
-    # denominator is the policy's own log-probs, detached: no reference model, no second forward
-    on_policy = args.online and args.sample_every == 1 and not args.pairs_from_samples and args.sync == "none"
-    two_models = args.ref_free == "off" and not on_policy
-    ref = load_model(args, toy, rt).eval().requires_grad_(False) if two_models else None
-    base = None  # --kl_baseline initial: a frozen starting policy (unless the reference is one: offline, never synced)
-    if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
-        base = load_model(args, toy, rt).eval().requires_grad_(False)
-    funcs = zip(args.reward_funcs.split(","), args.reward_weights.split(",")) if args.online else []
-    reward_fns = [(name, float(weight), make_scorer(name, args, rt)) for name, weight in funcs]
-    scorer = make_scorer(args.reward_model, args, rt) if eval_prompts else None
-    optimizer, scheduler = make_optimizer(policy, args)
-    eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)
-    sampling_params = humanline_sampling.limit_parameters(eps_P, eps_R, c=args.sampling_c)
-    sampling_gen = torch.Generator(rt.device).manual_seed(stream_seed(args.seed, "rejection", rt.rank))
-    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, ref_ahead={}, ref_weights=None, bad_steps=0)
-
-    def step_batch(s):
-        """Step s's sequences: offline a function of s alone; online a slice of the sampled buffer (None past it)."""
-        if args.offline:
-            return group_sequences(offline_batch(train_groups, s, args.batch_size // 2, args.seed), args.advantage_std)
-        i, b = s - state.round_start, args.batch_size
-        return state.round[i * b : (i + 1) * b] if i < len(state.round) // b else None
-
-    session = Session(args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state)  # resumes
-    evaluate_policy = (lambda: evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)) if eval_prompts else None
-    if evaluate_policy and state.step == 0:  # every curve starts at the starting policy
-        session.log({"step": 0} | evaluate_policy())
-
-    reset_each_sampling = args.sync == "none" or args.pairs_from_samples
-    while state.step < args.max_steps:
-        t0, cpu0 = time.time(), time.process_time()
-        if args.online and step_batch(state.step) is None:
-            # ALGO LOGIC: the buffer is spent: sample the next --sample_every steps' groups (or a round of pairs),
-            # score them, compute the advantages. The reference becomes the sampler: PPO's theta_old without --sync;
-            # with pairs, Algorithm 1's round start (syncing goes on within the round)
-            if reset_each_sampling:
-                sync_reference(ref, policy)
-            order = round_prompts(len(train_prompts), per_round, state.round_index, args.seed)
-            rows = [train_prompts[i] for i in order]
-            samples = (rows, args.num_generations, args, state.round_index, rt)
-            groups, record = sample_and_score(policy, tokenizer, reward_fns, *samples)
-            state.round_index, state.round_start = state.round_index + 1, state.step
-            if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
-                pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
-                shuffle = torch.Generator().manual_seed(stream_seed(args.seed, "shuffle", state.round_index))
-                groups = [pairs[i] for i in torch.randperm(len(pairs), generator=shuffle).tolist()]
-                record["online/kept_frac"] = len(pairs) / len(rows)
-            else:  # a group with a bad reward is left out whole: its advantages need every reward
-                groups = [g[1:] for g in groups if None not in g[3]]
-            seqs = group_sequences(groups, args.advantage_std)
-            state.round = seqs[: len(seqs) // args.batch_size * args.batch_size]
-            record = {"step": state.step, "online/round": state.round_index} | record | {"online/groups": len(groups)}
-            record["online/zero_std_frac"] = sum(len(set(s)) == 1 for _, _, s in groups) / max(1, len(groups))
-            record |= {"online/steps": len(state.round) // args.batch_size, "online/seconds": time.time() - t0}
-            session.log(record)
-            few = f"round {state.round_index} gave {len(groups)} groups, fewer than one batch of {args.batch_size} "
-            fail(not state.round, few + "sequences; raise --round_size or lower --reward_threshold, or add prompts")
-            continue
-        # REF-FREE: the policy as it is now is (or is about to be synced into) the reference of a run of steps
-        reset = state.round_start if reset_each_sampling else None
-        ahead = (policy, state, reset, step_batch, forward_batches, tokenizer, args, rt)
-        ref_seconds = 0.0 if two_models or on_policy else reference_ahead(*ahead)
-        ahead = state.ref_ahead.pop(state.step, None)
-        forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
-        # ALGO LOGIC: DAPO normalisation: the step's completion tokens over all micro-batches and processes
-        n_tokens = float(sum(len(c) for _, sequences in forwards for _, c in sequences))
-        n_tokens = torch.tensor(n_tokens, dtype=torch.float64, device=rt.device)
-        if rt.world > 1:
-            dist.all_reduce(n_tokens)
-        n_tokens = max(1.0, n_tokens.item())
-
-        sums, head = {}, (rt.head_dtype, rt.logps_temperature)
-        for micro, (seqs, sequences) in enumerate(forwards):
-            ids, attn, mask = collate(sequences, tokenizer.pad_token_id, rt.device)
-            with rt.autocast:
-                with torch.no_grad():
-                    ref_logps = token_logps(ref, ids, attn, mask, *head) if two_models else None
-                    base_logps = token_logps(base, ids, attn, mask, *head) if base is not None else None
-                policy_logps = token_logps(policy, ids, attn, mask, *head)
-            if on_policy:  # the sampler is the policy as it stands: its own log-probs, detached
-                ref_logps = policy_logps.detach()
-            ref_logps, mask = (ahead[micro] if ref_logps is None else ref_logps).to(rt.device), mask[:, 1:]
-            # ALGO LOGIC: the ratio's denominator is the reference: frozen offline, synced under --sync, else online
-            # the sampler (PPO's theta_old); the KL baseline: the reference, or the initial policy
-            baseline = ref_logps if base is None else base_logps
-            bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
-            rejected = None
-            if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens' ratios are detached, not clamped
-                reject = humanline_sampling.rejection_mask
-                rejected = reject(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
-            advantages = torch.tensor([s[2] for s in seqs], device=rt.device)
-            logps = (policy_logps, ref_logps, baseline, mask, advantages, args.eps, args.beta, *bounds)
-            loss, metrics = grpo_loss(*logps, num_tokens=n_tokens, rejected=rejected)
-            (loss * rt.world).backward()  # FSDP2 averages the gradients over processes
-            clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
-            metrics |= {"tokens": mask.sum(), "completion_length": mask.sum(-1), "humanline/clamped_frac": clamped}
-            accumulate(sums, metrics | ({"reward": torch.tensor([s[3] for s in seqs])} if args.online else {}))
-
-        skip, stop = session.agree(sums)  # a non-finite loss skips the step; a SIGTERM stops after it
-        lr = scheduler.get_last_lr()[0]
-        update = (args.max_grad_norm, args.sync, args.sync_every, state.step)
-        grad_norm, sync_seconds = optimizer_step(policy, ref, optimizer, scheduler, *update, skip=skip)
-        timing = {"perf/sync_seconds": ref_seconds + sync_seconds}
-        if args.online:
-            timing |= {"online/round": state.round_index, "online/staleness": state.step - state.round_start}
-        session.end_step(sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy, extra=timing)
-    session.finish()
-
-
-# ============ TRY NOT TO MODIFY: everything below is plumbing, identical in the three scripts ============
-
-
-def parse_args(Args, name, checks):
-    """Parse the flags, derive the mode, check every argument: a bad one stops the run with one line naming it."""
-    parser = transformers.HfArgumentParser(Args)
-    parser.error = lambda message: fail(True, message)  # one line, not argparse's usage block (e.g. a bad choice)
-    parser.allow_abbrev = False  # --max_step is a typo, not --max_steps
-    signal.signal(signal.SIGINT, lambda *_: fail(True, "interrupted before training began"))  # no traceback
-    args, unknown = parser.parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
-    fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
-    given = {f.name for f in fields(Args) if getattr(args, f.name) != f.default}  # set to other than their default
-    explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
-    means = f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline"
-    fail(args.humanline and explicit, means)
-    fail(args.offline and args.online, "choose one of --offline and --online")
-    args.offline = not args.online
-    args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
-    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
-    if args.micro_batch_size is None:  # one forward per process and step
-        args.micro_batch_size = max(1, args.batch_size // world)
-    positive = "max_steps batch_size micro_batch_size sync_every max_bad_steps round_size max_new_tokens log_every "
-    for rule, ok, flags in [
-        ("at least 1", lambda v: v is None or v >= 1, positive + "generation_batch_size reward_batch_size"),
-        ("at least 1", lambda v: v >= 1, "num_eval_prompts max_prompt_length dist_timeout"),
-        ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
-        ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay seed"),
-        ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"),
-        ("in (0, 1]", lambda v: 0 < v <= 1, "top_p"),
-    ]:
-        for flag in flags.split():
-            fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
-    fail(args.sync == "none" and args.sync_every != 1, f"--sync_every {args.sync_every} needs --sync or --humanline")
-    trackers = f"--report_to {args.report_to}: none, tensorboard, wandb or tensorboard,wandb"
-    fail(not set(args.report_to.split(",")) <= {"none", "tensorboard", "wandb"}, trackers)
-    fail(args.system_prompt and not args.as_chat, "--system_prompt needs --as_chat (it is the chat's system message)")
-    bounds = f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}"
-    fail(not args.log_eps_P < 0 < args.log_eps_R, bounds)
-    lengths = f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})"
-    fail(args.max_prompt_length >= args.max_length, lengths)
-    longest = args.max_prompt_length + args.max_new_tokens
-    cut = f"--max_prompt_length + --max_new_tokens = {longest} is above --max_length {args.max_length}: samples would"
-    fail(args.online and longest > args.max_length, cut + " be cut before training")
-    batch = f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes"
-    fail(args.batch_size % (args.micro_batch_size * world), f"{batch} = {args.micro_batch_size} x {world}")
-    args.precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
-    for flag in ("model_name_or_path", "dataset", "eval_prompts", "reward_model"):
-        value = getattr(args, flag)  # a path, not a hub name: it starts with ., / or ~ or ends in a data file's suffix
-        local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in SUFFIXES
-        fail(local and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
-        data, folder = flag in ("dataset", "eval_prompts"), os.path.isdir(value) and value != "toy"  # (the built-in)
-        fail(folder and data, f"--{flag} {value}: a directory, not a data file")
-        no_model = f"--{flag} {value}: no config.json, not a model folder (a run's model is written at its end)"
-        fail(folder and not data and not os.path.exists(os.path.join(value, "config.json")), no_model)
-    for bad, message in checks(args, given):
-        fail(bad, message)
-    mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "")
-    mode += f"-every{args.sample_every}" if getattr(args, "sample_every", 1) > 1 else ""
-    mode += "-humanline" * args.humanline
-    if not args.humanline and (args.sync != "none" or args.clip != "none"):
-        mode += f"-sync_{args.sync}-clip_{args.clip}"
-    settings = {k: getattr(args, k) for k in sorted(given - set(RESUMABLE) - set(MODE))}  # the rest, by their digest
-    tag = "-" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:6] if settings else ""
-    args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}{tag}-seed{args.seed}")
-    plan = memory_plan.report(args, name, world, details=args.plan_only)  # from the configs alone, on every process
-    if args.plan_only:  # (so that none is late to the start)
-        print(plan)
-        sys.exit(0)
-    rank0 = int(os.environ.get("RANK", 0)) == 0  # (another node's processes may not see the folder: Session says so)
-    fail(rank0 and args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
-    taken = os.path.exists(os.path.join(args.output_dir, "args.json")) and rank0
-    replace = "holds another run: --resume continues it, --overwrite_output_dir replaces it"
-    fail(taken and not (args.resume or args.overwrite_output_dir), f"--output_dir {args.output_dir} {replace}")
-    if rank0:
-        print(plan)
-    parent = args.output_dir  # it is made when training starts: now, check that it can be
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent) or "."
-    writable = os.path.isdir(parent) and os.access(parent, os.W_OK)
-    fail(not writable, f"--output_dir {args.output_dir}: not a writable folder")
-    return args
-
-
-def fail(condition, message):
-    if condition:
-        raise SystemExit(message)
-
-
-STREAMS = ("init", "data", "prompts", "sampling", "shuffle", "rejection")
-SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}  # local data files
-
-
-def stream_seed(seed, stream, *index):
-    """The seed of one random stream of a run (data order of epoch i, sampling of round i, ...): numpy's SeedSequence
-    hashes (seed, stream, index), so no two seeds share a stream (seed + i would replay seed + 1's, shifted)."""
-    return int(np.random.SeedSequence(seed, spawn_key=(STREAMS.index(stream), *index)).generate_state(1)[0])
-
-
-def provenance():
-    """What ran, for args.json: the git commit, whether the code had uncommitted changes, a digest of the code and toy
-    task (the scripts, the modules they import, toy/SHA256SUMS) and the library versions."""
-    here, files = os.path.dirname(os.path.abspath(__file__)), [f"{a}_humanline.py" for a in ("dpo", "kto", "grpo")]
-    files += ["humanline_sampling.py", "math_rewards.py", "toy_task.py", "toy/SHA256SUMS"]
-
-    def git(*a):
-        return subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=30).stdout.strip()
-
-    try:
-        commit, dirty = git("rev-parse", "HEAD") or None, bool(git("status", "--porcelain", "--", *files))
-    except (OSError, subprocess.SubprocessError):  # no git: no commit
-        commit, dirty = None, None
-    code = b"".join(open(os.path.join(here, f), "rb").read() for f in files if os.path.exists(os.path.join(here, f)))
-    versions = dict(torch=torch.__version__, transformers=transformers.__version__)
-    return dict(commit=commit, dirty=dirty, code=hashlib.sha256(code).hexdigest()[:16], **versions)
-
-
+# distributed setup, models, optimizer
 def setup(args):
-    """Processes (torchrun sets RANK/WORLD_SIZE; otherwise one), device and seeds."""
+    """Processes (torchrun sets RANK and WORLD_SIZE; without them one), device, dtypes, seeds."""
     distributed, cuda = "RANK" in os.environ, torch.cuda.is_available()
     if distributed:  # a dead or hung peer raises after --dist_timeout, never hangs
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=args.dist_timeout))
-        # known and harmless: the first hidden state transformers returns is a view, and nothing writes to it in place
-        warnings.filterwarnings("ignore", r"FSDP2-wrapped module \(\w+\) returned a view tensor", UserWarning)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    transformers.set_seed(stream_seed(args.seed, "init", rank))
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # of the compute; weights stay fp32
+    transformers.set_seed(plumbing.stream_seed(args.seed, "init", rank))
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # weights stay fp32
     rt = SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, dtype=dtype)
-    rt.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
-    rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's --logps_temperature; 1 elsewhere
+    rt.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 
 
-def load_tokenizer(args):
-    names = (args.model_name_or_path, args.dataset, args.eval_prompts)
-    toy = toy_task.load() if any(v == "toy" or v.startswith("toy:") for v in names) else None  # digests checked
-    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
-    tokenizer = pretrained(transformers.AutoTokenizer, name, args)
-    tokenizer.pad_token, tokenizer.padding_side = tokenizer.pad_token or tokenizer.eos_token, "right"
-    return tokenizer, toy
-
-
-def pretrained(cls, name, args, **kwargs):
-    try:
-        return cls.from_pretrained(name, trust_remote_code=args.trust_remote_code, **kwargs)
-    except (OSError, ValueError) as e:  # not found, no network, not a model of that kind
-        raise SystemExit(f"{name}: {str(e).strip().splitlines()[0]}") from None
-
-
 def load_model(args, toy, rt):
-    """The policy (or a copy for the reference): fp32 weights, dropout off unless --keep_dropout (with k = 1 the
-    log-ratio of two consecutive policies would be mostly dropout noise). With several processes FSDP2, each decoder
-    layer a shard group; rank 0 reads the weights, the others build on the meta device and receive their shards."""
-    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
-    config = pretrained(transformers.AutoConfig, name, args)
-    if not rt.distributed:
-        model = pretrained(transformers.AutoModelForCausalLM, name, args, dtype=torch.float32).to(rt.device)
-    else:
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(
-                config, dtype=torch.float32, trust_remote_code=args.trust_remote_code
-            )
-    model.export_dtype = config.dtype or torch.float32  # checkpoints are written in the model's own dtype
-    for module in model.modules() if not args.keep_dropout else ():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):  # attention dropout passed to the kernel
-            module.attention_dropout = 0.0
-    if args.gradient_checkpointing:  # each decoder layer recomputed in the backward: one layer's activations, not all
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    """The policy (or the reference's copy). On several processes FSDP2: each decoder layer a shard
+    group, gathered one at a time; process 0 reads the weights, the others receive their shards."""
+    model = plumbing.build_model(args, toy, rt)  # on several processes: on the meta device
     if rt.distributed:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        # layers compute in --precision under autocast with the residual stream in fp32, as on one GPU; norm weights
-        # stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference would differ by rounding, not training)
+        # layers compute in --precision under autocast with the residual stream in fp32, as on one
+        # GPU; norm weights stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference
+        # would differ from the policy by rounding, not training)
         layer = MixedPrecisionPolicy(rt.dtype, torch.float32, cast_forward_inputs=False)
         fp32 = MixedPrecisionPolicy(torch.float32, torch.float32, cast_forward_inputs=False)
         for module in model.modules():
@@ -683,702 +344,209 @@ def load_model(args, toy, rt):
                     fully_shard(norm, mp_policy=fp32)
                 fully_shard(module, mp_policy=layer)
         fully_shard(model, mp_policy=MixedPrecisionPolicy(rt.head_dtype, torch.float32))
-        full = pretrained(transformers.AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
-        outside = [k for k, _ in model.named_buffers() if k not in model.state_dict()]  # not in the file (rotary)
-        model.to_empty(device=rt.device)  # this process's shards, allocated: the file's values are copied into them
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)  # a tensor at a time, cut to shards
-        set_model_state_dict(model, full.state_dict() if full else {}, options=options)
-        model.tie_weights()
-        for key, buffer in [(k, b) for k, b in model.named_buffers() if k in outside]:
-            value = full.get_buffer(key).to(rt.device) if full else torch.empty_like(buffer, device=rt.device)
-            dist.broadcast(value, src=0)
-            module, _, attr = key.rpartition(".")
-            model.get_submodule(module).register_buffer(attr, value, persistent=False)
-    check_logps(model, name, rt)
+        plumbing.load_shards(model, args, toy, rt)
+    plumbing.check_logps(model, args, toy, rt, token_logps)  # a head token_logps misreads stops
     return model
 
 
-def check_logps(model, name, rt):
-    """What training reads must be the model's own log-probs: a family that changes its logits in a way token_logps
-    does not (it applies the head's bias, a logit scale and a softcap) stops here, before any step."""
-    ids = torch.arange(3, 11, device=rt.device)[None] % model.config.get_text_config().vocab_size
-    try:
-        with torch.no_grad(), rt.autocast:
-            own = model.eval()(input_ids=ids).logits[0, :-1].float().log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
-            ours = token_logps(model, ids, torch.ones_like(ids), torch.ones(ids.shape, device=rt.device), rt.head_dtype)
-    except (TypeError, AttributeError, ValueError) as e:  # no hidden states, no logits_to_keep, no output embeddings
-        raise SystemExit(f"{name}: token_logps cannot read this model: {type(e).__name__}: {str(e).splitlines()[0]}")
-    if hasattr(model, "reshard"):  # FSDP2 leaves the root gathered after a no-grad forward: the optimizer takes shards
-        model.reshard()
-    exact = rt.dtype == rt.head_dtype == torch.float32  # else one of the two heads rounds its logits to bf16
-    gap, tolerance = (own - ours[0]).abs().max().item(), 1e-3 if exact else 0.5
-    fail(not gap <= tolerance, f"{name}: the log-probs token_logps computes differ from the model's own by {gap:.3g}")
-
-
 def make_optimizer(policy, args):
-    """Fused AdamW (5x for-each's speed on a CPU); warmup over --warmup_ratio of the steps, then linear decay to 0."""
-    adamw = dict(lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay, fused=True)
-    optimizer = torch.optim.AdamW(policy.parameters(), **adamw)
+    """Fused AdamW (5x for-each's speed on a CPU); warmup over --warmup_ratio, then decay to 0 or hold."""
+    adamw = dict(lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(policy.parameters(), **adamw, fused=True)
     warmup, end = max(1, int(args.warmup_ratio * args.max_steps)), args.max_steps
     after = (lambda s: max(0.0, (end - s) / max(1, end - warmup))) if args.lr_scheduler == "linear" else (lambda s: 1.0)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / warmup, after(s)))
 
 
-def plan_run(args, rows, per_step, unit, rank):
-    """--max_steps unset: one pass over the data, `rows` at `per_step` a step (on the built-in toy data 120 steps, the
-    length of the committed figures). Prints the run's plan."""
-    toy = args.dataset == "toy" or args.dataset.startswith("toy:")
-    args.max_steps = args.max_steps or (120 if toy else max(1, rows // per_step))
-    passes = args.max_steps * per_step / rows
-    if rank == 0:
-        print(f"run: {args.max_steps} steps x {per_step} {unit} = {passes:.2f} passes over {rows} {unit}")
+def main():
+    def checks(a, given):
+        group = 2 if a.offline or a.pairs_from_samples else a.num_generations
+        online_only = a.offline and given & {"sample_every", "reward_funcs", "reward_weights"}
+        pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
+        funcs = (a.reward_funcs or "x").split(",")
+        weights = (a.reward_weights or a.reward_funcs or "x").split(",")
+        return [
+            (a.num_generations < 2 or a.sample_every < 1, "--num_generations >= 2, --sample_every >= 1"),
+            (a.pairs_from_samples and (a.offline or a.sample_every > 1), "--pairs_from_samples: online"),
+            (a.eps is not None and a.eps <= 0, f"--eps must be above 0, got {a.eps}"),
+            (a.beta < 0 or a.logps_temperature <= 0, "--beta >= 0 and --logps_temperature > 0"),
+            (online_only, "--sample_every, --reward_funcs and --reward_weights act only with --online"),
+            (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
+            (a.batch_size % group, f"--batch_size {a.batch_size}: a multiple of the group size {group}"),
+            (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
+        ]
 
+    args = plumbing.parse_args(Args, "grpo", checks)  # a bad flag stops with one line
+    if args.eps is None:  # the paper: 0.5 for plain offline GRPO, 0.15 for everything else
+        args.eps = 0.5 if args.offline and args.sync == "none" and args.clip == "none" else 0.15
+    args.reward_funcs = args.reward_funcs or ("toy" if args.pairs_from_samples else "toy_verify")
+    args.reward_weights = args.reward_weights or math_rewards.default_weights(args.reward_funcs.split(","))
+    group_size = 2 if args.offline or args.pairs_from_samples else args.num_generations
+    per_sampling = args.sample_every * args.batch_size // group_size  # prompts
+    per_round = args.round_size if args.pairs_from_samples else per_sampling
+    rt = setup(args)
+    tokenizer, toy = plumbing.load_tokenizer(args)
 
-# data
-def load_data(args, kind, tokenizer, toy, rt, need=1):
-    """kind 'preferences' or 'examples' (unpaired rows allowed): encoded rows of --dataset (encode_rows); 'prompts',
-    'eval': prompt rows of --dataset or --eval_prompts (at most --num_eval_prompts). Only 'toy' and 'toy:<source>'
-    name the built-in data. A bad row stops the run, naming file, row and column; so do fewer than `need` rows."""
-    name = args.eval_prompts if kind == "eval" else args.dataset
-    if name == "none" and kind == "eval":
-        return []
-    if name == "toy" or name.startswith("toy:"):
-        source = name.partition(":")[2]
-        if kind == "eval":
-            files = {"": toy.prompts_test, "test": toy.prompts_test, "valid": toy.prompts_valid}
-            fail(source not in files, f"{name}: the toy's held-out prompts are toy (its test split) and toy:valid")
-        else:
-            files = {"": toy.offline["strong"]} | toy.offline
-            files = {s: toy.prompts_train if kind == "prompts" else path for s, path in files.items()}
-            fail(source not in files, f"{name}: the toy datasets are toy (= toy:strong) and toy:weak")
-        name = files[source]
-    import datasets
-
-    datasets.disable_progress_bars()
-    split = "test" if kind == "eval" else args.dataset_split
-    try:
-        if os.path.isfile(name):  # a local file: plain data formats only, nothing is unpickled
-            suffix = os.path.splitext(name)[1]
-            fail(suffix not in SUFFIXES, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
-            with open(name, "rb") as f:
-                fail(not f.read(4096).strip(), f"{name}: no rows")
-            split = "train" if kind == "eval" else split  # a file's one split
-            rows = datasets.load_dataset(SUFFIXES[suffix], data_files=name, split=split).to_list()
-        else:
-            rows = datasets.load_dataset(name, split=split).to_list()
-    except Exception as e:  # noqa: BLE001 (malformed file, unknown dataset, no network: one line)
-        cause = e.__cause__ or e
-        raise SystemExit(f"{name}: {type(cause).__name__}: {(str(cause).strip() or ' ').splitlines()[0]}") from None
-    fail(not rows, f"{name}: no rows")
-    if kind in ("preferences", "examples"):
-        encoded, cut = encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
+    # data: every row is checked before any model loads: bad data stops a run in seconds
+    if args.offline:  # ALGO LOGIC: Algorithm 2: a pair is a group of two, chosen ranked first
+        rows = plumbing.load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size // 2)
+        train_groups = [(p, cs, [1.0, 0.0]) for p, cs, _ in rows]
     else:
-        encoded = [prompt_row(r, f"{name}: row {i}", args) for i, r in enumerate(rows)]
-        encoded = encoded[: args.num_eval_prompts if kind == "eval" else None]
-        texts = [as_text(r["prompt"], f"{name}: row {i}, column 'prompt'", tokenizer) for i, r in enumerate(encoded)]
-        cut = {"prompts": sum(len(prompt_ids(tokenizer, t)) > args.max_prompt_length for t in texts)}
-    fail(len(encoded) < need, f"{name}: {len(encoded)} rows, fewer than the {need} that one batch or round takes")
-    if any(cut.values()) and rt.rank == 0:
-        print(f"{name}: {cut} (cut to --max_prompt_length, --max_length; unknown: what the tokenizer cannot encode)")
-    return encoded
+        train_prompts = plumbing.load_data(args, "prompts", tokenizer, toy, rt, need=per_round)
+    data = train_groups if args.offline else train_prompts
+    unit = "pairs" if args.offline else "prompts"
+    plumbing.plan_run(args, len(data), args.batch_size // group_size, unit, rt.rank)
+    eval_prompts = plumbing.load_data(args, "eval", tokenizer, toy, rt)
+    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, bad_steps=0)
 
+    def step_batch(s):  # step s's sequences: offline a function of s; online a slice of the buffer
+        if args.offline:
+            pairs = offline_batch(train_groups, s, args.batch_size // 2, args.seed)
+            return group_sequences(pairs, args.advantage_std)
+        i, b = s - state.round_start, args.batch_size
+        return state.round[i * b : (i + 1) * b] if i < len(state.round) // b else None
 
-def prompt_row(row, where, args):
-    """A prompt row: 'prompt' (or a math dataset's 'problem'), wrapped as a conversation with --as_chat, with the
-    row's other columns (e.g. solution), which go to every scorer."""
-    prompt = row.get("prompt", row.get("problem"))
-    fail(prompt is None, f"{where}: missing column 'prompt' (or 'problem')")
-    if args.as_chat and isinstance(prompt, str):
-        system = math_rewards.SYSTEM_PROMPTS.get(args.system_prompt, args.system_prompt)
-        prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return {**row, "prompt": prompt}
+    def step_inputs(s):  # step s's micro-batches as the models read them (None until sampled)
+        forwards = forward_batches(step_batch(s), args, rt.rank, rt.world) if step_batch(s) else None
+        return forwards and [collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forwards]
 
+    # models: the policy, its reference, the KL baseline, the scorers; the optimizer and schedule
+    policy = load_model(args, toy, rt).train()
+    # on-policy (sampling every step, no sync): the sampler is the policy as it stands, so the
+    # ratio's denominator is its own log-probs, detached: no reference
+    on_policy = args.online and args.sample_every == 1 and not args.pairs_from_samples and args.sync == "none"
+    reset_each_sampling = args.sync == "none" or args.pairs_from_samples  # else syncing spans them
+    if on_policy:
+        reference = None
+    elif args.ref_free == "off":  # a second model, sharded exactly like the policy
+        reference = ReferenceModel(load_model(args, toy, rt), rt)
+    else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
+        schedule = dict(sync=args.sync, sync_every=args.sync_every, max_steps=args.max_steps)
+        wait = args.online and not reset_each_sampling  # a sync may serve steps sampled later
+        reference = plumbing.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule, wait=wait)
+    base = None  # --kl_baseline initial: the frozen starting policy (unless the reference is it)
+    if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
+        base = load_model(args, toy, rt).eval().requires_grad_(False)
+    funcs = zip(args.reward_funcs.split(","), args.reward_weights.split(",")) if args.online else []
+    reward_fns = [(name, float(weight), plumbing.make_scorer(name, args, rt)) for name, weight in funcs]
+    scorer = plumbing.make_scorer(args.reward_model, args, rt) if eval_prompts else None
+    optimizer, scheduler = make_optimizer(policy, args)
+    eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)
+    sampling_params = humanline_sampling.limit_parameters(eps_P, eps_R, c=args.sampling_c)
+    sampling_gen = torch.Generator(rt.device).manual_seed(plumbing.stream_seed(args.seed, "rejection", rt.rank))
 
-def split_prompt(prompt, completions, where):
-    """TRL's dataset formats in one shape: (prompt, completions). Completions that hold whole conversations (with
-    no prompt, a text prompt, or one they repeat) are split after their shared first turns (with one completion:
-    all but its last turn); text completions without a prompt after their common prefix, cut back to a space."""
-    conversations = all(isinstance(c, list) for c in completions)
-    repeated = isinstance(prompt, list) and all(c[: len(prompt)] == prompt for c in completions)
-    if conversations and (repeated or not isinstance(prompt, list)):
-        shared = (j for j, turns in enumerate(zip(*completions)) if turns.count(turns[0]) < len(turns))
-        n = len(completions[0]) - 1 if len(completions) == 1 else next(shared, min(map(len, completions)))
-    elif prompt is None and all(isinstance(c, str) for c in completions) and len(completions) > 1:
-        n = os.path.commonprefix(completions).rfind(" ")  # the space starts the completion, as a tokenizer splits words
-    else:
-        return prompt, completions
-    fail(n <= 0, f"{where}: missing column 'prompt' (and the completions do not begin with a shared prompt)")
-    return completions[0][:n], [c[n:] for c in completions]
+    session = plumbing.Session(args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference)
+    evaluate = lambda: plumbing.evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)  # noqa: E731
+    if state.step == 0:  # (not when resuming)
+        if reference is not None:
+            reference.reset(policy, step=0)  # the reference starts as the initial policy
+        if eval_prompts:  # every curve starts at the starting policy
+            session.log({"step": 0} | evaluate())
 
-
-def as_text(value, where, tokenizer, prompt=None):
-    """A prompt (prompt=None) or a completion of `prompt` as text: strings as they are, a completion with the end
-    token; lists of {"role", "content"} through the chat template, a completion cut out of the whole conversation."""
-    fail(value is None, f"{where}: missing")
-    if isinstance(value, str):
-        fail(not value.strip(), f"{where}: empty text")
-        fail(isinstance(prompt, list), f"{where}: a text completion needs a text prompt")
-        return value if prompt is None else value + tokenizer.eos_token
-    messages = f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}"
-    fail(not isinstance(value, list) or not value, messages)
-    for m in value:
-        role = f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}"
-        fail(not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"), role)
-        content = m.get("content")
-        fail(not isinstance(content, str), f"{where}: message content must be a string, got {content!r}")
-    chat = f"{where}: a conversational completion needs a conversational prompt"
-    fail(prompt is not None and not isinstance(prompt, list), chat)
-    prefix = tokenizer.apply_chat_template(prompt or value, tokenize=False, add_generation_prompt=True)
-    if prompt is None:
-        return prefix
-    full = tokenizer.apply_chat_template(prompt + value, tokenize=False)
-    differs = f"{where}: the chat template renders the prompt differently inside the whole conversation"
-    fail(not full.startswith(prefix), differs + ", so the completion cannot be cut out of it")
-    return full[len(prefix) :]
-
-
-def prompt_ids(tokenizer, prompt_text):
-    """A prompt's token ids, the same in training and generation: special tokens (BOS) unless the template has."""
-    bos = tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token)
-    return tokenizer(prompt_text, add_special_tokens=not bos)["input_ids"]
-
-
-def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
-    """Checked, tokenised rows: (prompt_ids, [completion_ids], labels). A preference row ([prompt,] chosen, rejected)
-    gives [chosen, rejected] labelled [True, False]; an unpaired row ([prompt,] completion, label; if unpaired_ok)
-    [completion], [label]. The prompt keeps its last --max_prompt_length tokens, a completion its first
-    --max_length - prompt: returns (rows, {what: how many were cut, and how many unknown tokens})."""
-    out, cut = [], {"prompts": 0, "completions": 0, "unknown tokens": 0}
-    need = "(rows need [prompt,] chosen, rejected" + (" or [prompt,] completion, label)" if unpaired_ok else ")")
-    for i, row in enumerate(rows):
-        where = f"{source}: row {i}"
-        unpaired = unpaired_ok and (row.get("completion") is not None or row.get("label") is not None)
-        columns = ("completion", "label") if unpaired else ("chosen", "rejected")
-        for column in columns:
-            fail(row.get(column) is None, f"{source}: row {i}: missing column '{column}' {need}")
-        label = f"{source}: row {i}, column 'label': expected a boolean (is the completion desirable?)"
-        fail(unpaired and not isinstance(row["label"], bool), f"{label}, got {row.get('label')!r}")
-        completions = [row[c] for c in columns[: 2 - unpaired]]
-        prompt, completions = split_prompt(row.get("prompt"), completions, where)
-        p = prompt_ids(tokenizer, as_text(prompt, f"{where}, column 'prompt'", tokenizer))
-        texts = [as_text(c, f"{where}, column '{k}'", tokenizer, prompt) for c, k in zip(completions, columns)]
-        limit = min(args.max_prompt_length, args.max_length - 1)  # room for one completion token
-        cut["prompts"] += len(p) > limit
-        p = p[-limit:]
-        completions = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        same = f"{source}: row {i}, columns 'chosen'/'rejected': identical completions"
-        fail(not unpaired and completions[0] == completions[-1], same + " once tokenised" * (texts[0] != texts[-1]))
-        cut["unknown tokens"] += sum(ids.count(tokenizer.unk_token_id) for ids in [p, *completions])
-        cut["completions"] += sum(len(p) + len(c) > args.max_length for c in completions)
-        labels = [row["label"]] if unpaired else [True, False]
-        out.append((p, [c[: args.max_length - len(p)] for c in completions], labels))
-    return out, cut
-
-
-# scoring, generation, evaluation
-def make_scorer(name, args, rt):
-    """reward(prompts, completions, **columns) -> floats: a built-in (toy, toy_verify, tag_count, format, accuracy),
-    module:function (user code, imported from the working directory or PYTHONPATH), or a reward model."""
-    builtin = {"toy": toy_task.reward, "toy_verify": toy_task.verify, **math_rewards.REWARD_FUNCS}
-    if name in builtin:
-        return builtin[name]
-    if ":" in name and not os.path.exists(name):
-        module, _, function = name.partition(":")
-        sys.path.insert(0, os.getcwd())
-        try:
-            return getattr(importlib.import_module(module), function)
-        except (ImportError, AttributeError) as e:
-            raise SystemExit(f"{name}: {type(e).__name__}: {e}") from None
-    rm = pretrained(transformers.AutoModelForSequenceClassification, name, args, dtype=rt.dtype).to(rt.device).eval()
-    rm_tok = pretrained(transformers.AutoTokenizer, name, args)
-    rm_tok.pad_token = rm_tok.pad_token or rm_tok.eos_token  # the score is read at each row's last non-pad token
-    rm.config.pad_token_id = rm_tok.pad_token_id
-
-    @torch.no_grad()
-    def score(prompts, completions, **_):
-        """The chat template's rendering (its BOS once) where the RM has one and the prompts are conversations."""
-        chat = rm_tok.chat_template and isinstance(prompts[0], list)
-        turns = [p + [{"role": "assistant", "content": c}] if chat else p + c for p, c in zip(prompts, completions)]
-        texts = [rm_tok.apply_chat_template(t, tokenize=False) if chat else t for t in turns]
-        scores, size = [], args.reward_batch_size
-        for batch in (texts[i : i + size] for i in range(0, len(texts), size)):
-            ids = [prompt_ids(rm_tok, t) for t in batch]
-            enc = rm_tok.pad({"input_ids": ids}, padding_side="right", return_tensors="pt").to(rt.device)
-            try:
-                out = rm(**enc)
-            except torch.OutOfMemoryError:  # a batch too large, not a bad sample (SystemExit passes score_samples)
-                fail(True, f"{name}: out of memory scoring {len(batch)} sequences at once; lower --reward_batch_size")
-            out = out.score if hasattr(out, "score") else out.logits  # ArmoRM's output is .score
-            scores += out.float().reshape(len(batch), -1)[:, 0].tolist()
-        return scores
-
-    return score
-
-
-def score_samples(name, scorer, prompts, completions, columns):
-    """Each sample's reward, or None where it is NaN, inf, None or not a number, or the scorer raises on it (a call
-    that raises is retried one sample at a time). Returns (scores, bad {index: what the scorer did})."""
-
-    def call(idx):
-        given = {k: [v[j] for j in idx] for k, v in columns.items()}
-        out = list(scorer([prompts[j] for j in idx], [completions[j] for j in idx], **given))
-        if len(out) != len(idx):
-            raise ValueError(f"returned {len(out)} rewards for {len(idx)} samples")
-        return out
-
-    try:
-        raw = call(range(len(completions)))
-    except Exception:  # noqa: BLE001 (a scorer is user code: find the samples it fails on)
-        raw = []
-        for j in range(len(completions)):
-            try:
-                raw += call([j])
-            except Exception as e:  # noqa: BLE001 (recorded for --on_bad_reward)
-                raw.append(e)
-    scores, bad = [], {}
-    for j, r in enumerate(raw):
-        try:
-            scores.append(None if isinstance(r, (Exception, str, bytes)) or not math.isfinite(float(r)) else float(r))
-        except (TypeError, ValueError):
-            scores.append(None)
-        if scores[-1] is None:
-            did = f"raised {type(r).__name__}: {r}" if isinstance(r, Exception) else f"is {r!r}"
-            bad[j] = f"reward {name} of prompt {prompts[j]!r} {did}"
-    return scores, bad
-
-
-@torch.no_grad()
-def generate(model, tokenizer, prompts, n, args, greedy, seed):
-    """n completions per prompt (token ids, grouped per prompt), at most --generation_batch_size sequences per call,
-    with the KV cache, FSDP2's shard groups gathered once for all. A completion stops at an end token (kept; the chat
-    template's end of turn too); one cut at --max_new_tokens has none. Returns (completions, whether each finished)."""
-    model.eval()
-    units = [m for m in model.modules() if hasattr(m, "set_reshard_after_forward")]  # FSDP2's shard groups
-    for m in units:
-        m.set_reshard_after_forward(False, recurse=False)
-    torch.manual_seed(seed)
-    ends = [tokenizer.eos_token_id]
-    if tokenizer.chat_template:  # e.g. <|eot_id|>: the first token after an assistant message
-        turns = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!!"}]
-        text = tokenizer.apply_chat_template(turns, tokenize=False).rsplit("!!", 1)[1]
-        after = tokenizer(text, add_special_tokens=False)["input_ids"][:1]
-        ends += [t for t in after if t in tokenizer.added_tokens_decoder]
-    out, finished, per_call = [], [], max(1, args.generation_batch_size // n)
-    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
-    options = dict(max_new_tokens=args.max_new_tokens, eos_token_id=ends, pad_token_id=tokenizer.pad_token_id)
-    options |= dict(do_sample=False) if greedy else sampling
-    calls = range(0, len(prompts), per_call)
-    quiet = len(calls) < 2 or int(os.environ.get("RANK", 0)) > 0  # rank 0 shows progress
-    for i in tqdm(calls, "sampling", leave=False, dynamic_ncols=True, disable=quiet):
-        enc = tokenizer.pad({"input_ids": prompts[i : i + per_call]}, padding_side="left", return_tensors="pt")
-        enc = enc.to(next(model.parameters()).device)
-        try:  # gathered weights: no collective in a forward, so processes need not decode in step (synced_gpus)
-            seqs = model.generate(**enc, num_return_sequences=n, synced_gpus=False, **options)
-        except torch.OutOfMemoryError:
-            fail(True, f"out of memory sampling {per_call * n} sequences at once; lower --generation_batch_size")
-        for s in seqs[:, enc["input_ids"].shape[1] :].tolist():
-            out.append(next((s[: j + 1] for j, t in enumerate(s) if t in ends), s))
-            finished.append(out[-1][-1] in ends)
-    for m in units:  # back to shards; in training the root keeps its weights gathered after a forward (FSDP2's default)
-        m.set_reshard_after_forward(m is not model, recurse=False)
-        m.reshard()
-    model.train()
-    return out, finished
-
-
-def round_prompts(n_prompts, round_size, round_index, seed):
-    """Indices of a round's prompts: consecutive slices of one shuffled pass after another."""
-    n_pass, pos = divmod(round_index, n_prompts // round_size)
-    order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(stream_seed(seed, "prompts", n_pass)))
-    return order[pos * round_size : (pos + 1) * round_size].tolist()
-
-
-def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt, prefix="online"):
-    """n samples of each prompt row (greedy for prefix 'eval'; round_index picks the sampling stream), scored by the
-    weighted sum of scorers [(name, weight, fn)], each given the rows' other columns too. Each process samples its
-    share; every process gets all groups (row, prompt_ids, [completion_ids], [score, None where a scorer failed]) and
-    the record: the mean reward of the scored samples, bad and truncated counts, each scorer's mean. A scorer failing
-    on every sample stops the run."""
-    mine = rows[rt.rank :: rt.world]
-    padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
-    prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer)) for r in padded]
-    prompts = [p[-args.max_prompt_length :] for p in prompts]
-    with rt.autocast:  # one GPU samples in bf16 as it trains
-        seed = stream_seed(args.seed, "sampling", round_index, rt.rank)
-        completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval", seed)
-    completions, finished = completions[: len(mine) * n], finished[: len(mine) * n]  # not the padding
-    lengths = [len(prompts[j // n]) + len(c) for j, c in enumerate(completions)]
-    cut = sum(not f or length > args.max_length for length, f in zip(lengths, finished))
-    flat = [r for r in mine for _ in range(n)]
-    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-    columns = {k: [r[k] for r in flat] for k in (flat[0] if flat else {}) if k != "prompt"}
-    per_fn, bad, fatal = [], {}, []
-    for name, _, fn in scorers:
-        fn_scores, fn_bad = score_samples(name, fn, [r["prompt"] for r in flat], texts, columns)
-        per_fn.append(fn_scores)
-        bad = fn_bad | bad
-        fatal += list(fn_bad.values())[:1] if fn_bad and len(fn_bad) == len(texts) else []
-    scores = [None if j in bad else sum(w * s[j] for (_, w, _), s in zip(scorers, per_fn)) for j in range(len(texts))]
-    good = [j for j, s in enumerate(scores) if s is not None]
-    sums = [sum(scores[j] for j in good), len(good), len(bad), cut] + [sum(s[j] for j in good) for s in per_fn]
-    stats = torch.tensor(sums, dtype=torch.float64)
-    kept = [c[: args.max_length - len(prompts[j // n])] for j, c in enumerate(completions)]
-    groups = [(r, prompts[i], kept[i * n : (i + 1) * n], scores[i * n : (i + 1) * n]) for i, r in enumerate(mine)]
-    bad = list(bad.values())
-    if rt.world > 1:  # every process gets every group and failure: all go on or stop together
-        gathered = [None] * rt.world
-        dist.all_gather_object(gathered, (groups if prefix != "eval" else [], bad, fatal))  # evaluation needs no groups
-        groups, bad, fatal = ([x for part in gathered for x in part[i]] for i in range(3))
-        dist.all_reduce(stats)
-    fail(fatal, f"stopping, a scorer failed on every sample: the {fatal[0] if fatal else ''}")
-    stop = f"stopping: the {bad[0] if bad else ''} ({len(bad)} bad rewards in this batch); --on_bad_reward drop would"
-    fail(bad and args.on_bad_reward == "stop", stop + " leave such samples out")
-    record = {f"{prefix}/reward": (stats[0] / stats[1]).item(), f"{prefix}/bad_rewards": int(stats[2])}
-    record[f"{prefix}/truncated_completions"] = int(stats[3])
-    for (name, _, _), s in zip(scorers, stats[4:]) if len(scorers) > 1 else ():
-        record[f"{prefix}/{name}"] = (s / stats[1]).item()
-    return groups, record
-
-
-def evaluate(policy, tokenizer, scorer, rows, args, rt):
-    """Mean reward of greedy completions of held-out prompt rows (on the toy task also the exact accuracy)."""
-    scorers = [("reward", 1.0, scorer)] + [("accuracy", 0.0, toy_task.verify)] * args.reward_model.startswith("toy")
-    return sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")[1]
-
-
-# REF-FREE: the reference's log-probs computed ahead by the policy, no reference model
-def reference_ahead(policy, state, reset, step_batch, forward_batches, tokenizer, args, rt):
-    """The reference is set to the policy at step `reset` (0; a round's start online, for GRPO each sampling without
-    --sync; None: only at 0) and, under --sync, synced every k steps: humanline before step t's update (t = k-1,
-    2k-1, ...), trust region after it; either way it then serves steps t+1 to t+k. So the policy at the start of a
-    step holds the weights that will be the reference of a run of steps: it computes the log-probs of those whose
-    batches are known (in eval mode, as a reference runs) into state.ref_ahead {step: per micro-batch log-probs, on
-    the CPU}. Online GRPO under --sync samples, after an update, batches whose reference is the policy before it:
-    those weights (this process's shards) wait on the CPU in state.ref_weights and are swapped into the policy to
-    score the samples. Returns the seconds it took."""
-    t0, k, done = time.time(), args.sync_every, []
-    owner = lambda s: reference_step(s, args.sync, k, reset)  # noqa: E731
-    forward = lambda batch: forward_batches(batch, args, rt.rank, rt.world)  # noqa: E731
-    head = (rt.head_dtype, rt.logps_temperature)
-
-    def run_of(o, s):  # the known steps from s on that the reference set at step o serves; and whether more will come
-        steps = []
-        while s < args.max_steps and owner(s) == o and step_batch(s) is not None:
-            steps, s = steps + [s], s + 1
-        return steps, reset is None and s < args.max_steps and owner(s) == o
-
-    def score(steps):
-        done.extend(steps)
-        policy.eval()
-        with torch.no_grad(), rt.autocast:
-            for s in tqdm(steps, "reference log-probs", disable=rt.rank != 0 or len(steps) < 2, leave=False):
-                batches = [collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forward(step_batch(s))]
-                state.ref_ahead[s] = [token_logps(policy, *b, *head).cpu() for b in batches]
-        policy.train()
-        if hasattr(policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
-            policy.reshard()
-
-    if state.ref_weights is not None:  # an earlier reference's weights score the new samples
-        steps, more = run_of(owner(state.step), state.step)
-        swap_weights(policy, state.ref_weights)
-        score(steps)
-        swap_weights(policy, state.ref_weights)
-        state.ref_weights = state.ref_weights if more else None
-    steps, more = run_of(state.step, state.step if owner(state.step) == state.step else state.step + 1)
-    score(steps)
-    if more:
-        state.ref_weights = [local(p).detach().to("cpu", copy=True) for p in policy.parameters()]
-    return time.time() - t0 if done or more else 0.0
-
-
-def local(p):
-    return p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 parameter: this process's shard
-
-
-@torch.no_grad()
-def swap_weights(policy, weights):
-    """Exchange the policy's parameters with `weights` (CPU tensors), one tensor at a time."""
-    if hasattr(policy, "reshard"):
-        policy.reshard()
-    for p, w in zip(policy.parameters(), weights):
-        held = local(p).to("cpu", copy=True)
-        local(p).copy_(w)
-        w.copy_(held)
-
-
-def accumulate(sums, metrics):
-    """Add each metric's (sum, count) of entries: a step's value is the mean over micro-batches and processes."""
-    for k, v in metrics.items():
-        s, c = sums.get(k, (0.0, 0))
-        sums[k] = (s + v.sum().item(), c + v.numel())
-
-
-# the run's bookkeeping: metrics.jsonl, progress bar, SIGTERM, checkpoints, the final save
-class Session:
-    def __init__(self, args, rt, tokenizer, policy, ref, optimizer, scheduler, sampling_gen, state):
-        self.args, self.rt, self.tokenizer, self.policy, self.ref, self.state = args, rt, tokenizer, policy, ref, state
-        self.optimizer, self.scheduler, self.sampling_gen = optimizer, scheduler, sampling_gen
-        self.stop, self.bad_streak, self.trackers = [], 0, []
-        if rt.world > 1:  # several nodes need one --output_dir that all of them see: checked before anything is read
-            stamp = torch.tensor([time.time_ns() if rt.rank == 0 else 0], dtype=torch.int64)
-            dist.broadcast(stamp, src=0)
-            probe = os.path.join(args.output_dir, f".shared-{stamp.item()}")
-            if rt.rank == 0:
-                os.makedirs(args.output_dir, exist_ok=True)
-                open(probe, "w").close()
-            try:
-                self.all_see([probe], f"the file process 0 wrote in --output_dir {args.output_dir}")
-            finally:
-                if rt.rank == 0:
-                    os.remove(probe)
-        ckpt = (checkpoints(args.output_dir) or [None])[-1] if args.resume else None
-        if ckpt:
-            self.load(ckpt)
-        if rt.rank == 0:
-            os.makedirs(args.output_dir, exist_ok=True)
-            for d in os.listdir(args.output_dir):  # half-written checkpoints of a killed run; all with --overwrite
-                if d.startswith("checkpoint-") and (d.endswith(".tmp") or args.overwrite_output_dir and not ckpt):
-                    shutil.rmtree(os.path.join(args.output_dir, d), ignore_errors=True)
-            with open(os.path.join(args.output_dir, "args.json"), "w") as f:
-                json.dump(asdict(args) | {"provenance": provenance()}, f, indent=2)
-            self.file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), state.step)
-            self.trackers = open_trackers(args)
-            if ckpt:
-                print(f"resumed from {ckpt} at step {state.step}")
-        # SIGTERM (preemption; torchrun passes it on) or Ctrl-C: a checkpoint after the current step and a clean exit
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self.interrupt)
-        name = os.path.basename(os.path.normpath(args.output_dir))
-        self.bar = tqdm(total=args.max_steps, initial=state.step, desc=name, disable=rt.rank != 0, dynamic_ncols=True)
-
-    def interrupt(self, signum, frame):
-        fail(self.stop and signum == signal.SIGINT, "interrupted twice: stopped without a checkpoint")
-        self.stop.append(signum)
-        if self.rt.rank == 0:
-            print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint", file=sys.stderr)
-
-    def log(self, record):
-        """One line of metrics.jsonl, and a record of each --report_to tracker."""
-        if self.rt.rank == 0:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-            for write, _ in self.trackers:
-                write(record)
-
-    def agree(self, sums):
-        """(skip, stop): a non-finite loss on any process skips the step everywhere; a SIGTERM stops every process."""
-        flags = [float(not math.isfinite(sums.get("loss", (0.0,))[0])), float(bool(self.stop))]
-        flags = torch.tensor(flags, dtype=torch.float64)
-        if self.rt.world > 1:
-            dist.all_reduce(flags)
-        return bool(flags[0]), bool(flags[1])
-
-    def end_step(self, sums, grad_norm, lr, skip, stop, t0, cpu0, evaluate_policy, extra=None):
-        """After the update: count a skipped step, log the step's means (and an evaluation), checkpoint, stop."""
-        args, state = self.args, self.state
-        seconds, cpu_seconds = time.time() - t0, time.process_time() - cpu0  # data, forwards, backward, update
-        bad = skip or not torch.isfinite(grad_norm).item()
-        state.bad_steps, state.step = state.bad_steps + bad, state.step + 1
-        self.bad_streak = self.bad_streak + 1 if bad else 0
-        keys = sorted(sums)
-        totals = torch.tensor([sums[k][0] for k in keys] + [sums[k][1] for k in keys], dtype=torch.float64)
-        if self.rt.world > 1:
-            dist.all_reduce(totals)
-        means = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys) :].tolist()) if c}
-        record = {k: v for k, v in means.items() if k != "tokens"} | (extra or {}) | {"step": state.step}
-        record |= {"grad_norm": grad_norm.item(), "lr": lr, "bad_steps": state.bad_steps}
-        record["tokens_per_s"] = totals[keys.index("tokens")].item() / seconds
-        record |= {"perf/step_seconds": seconds, "perf/step_cpu_seconds": cpu_seconds}
-        record["perf/peak_memory_gib"] = peak_memory_gib(self.rt.device)
-        due = (args.eval_every and state.step % args.eval_every == 0) or state.step == args.max_steps
-        if evaluate_policy and due:
-            record |= evaluate_policy()
-        if state.step % args.log_every == 0 or "eval/reward" in record:
-            self.log(record)
-        self.bar.update(1)
-        shown = ("loss", "rewards/margins", "kl", "eval/reward")
-        self.bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in shown if k in record})
-        newest = (checkpoints(args.output_dir) or [None])[-1]
-        message = f"stopping: the last {self.bad_streak} steps (up to step {state.step}) had a non-finite loss or "
-        message += f"gradient and were skipped; the newest checkpoint, {newest}, is from before them. Lower "
-        stuck = self.bad_streak >= args.max_bad_steps
-        fail(stuck, message + "--learning_rate or --max_grad_norm, or look for bad data.")
-        due = args.save_every and state.step % args.save_every == 0 and not self.bad_streak
-        if due or state.step == args.max_steps or stop:
-            self.save()
-        if stop:
-            self.bar.close()
-            if self.rt.rank == 0:
-                name = signal.Signals(self.stop[0]).name
-                print(f"{name}: stopped after step {state.step} with a checkpoint; continue with --resume")
-            if self.rt.distributed:
-                dist.destroy_process_group()
-            sys.exit(0)
-
-    def save(self):
-        """output_dir/checkpoint-STEP: the policy (save_pretrained) and each process's training state (its shards of
-        policy, reference and optimizer, RNG states, the loop's state), written to a temporary name, then renamed."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
-        final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")
-        tmp, rank = final + ".tmp", self.rt.rank
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing this step
-        self.save_pretrained(tmp)
-        model, optimizer = get_state_dict(self.policy, self.optimizer)
-        rng = {"torch": torch.get_rng_state(), "sampling": self.sampling_gen.get_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        saved = dict(policy=model, optimizer=optimizer, ref=self.ref and get_model_state_dict(self.ref), rng=rng)
-        saved |= dict(scheduler=self.scheduler.state_dict(), world_size=self.rt.world, state=vars(self.state))
-        os.makedirs(tmp, exist_ok=True)  # process 0 made it: here only if this node does not see its folder
-        torch.save(saved | {"args": asdict(self.args)}, os.path.join(tmp, f"state-rank{rank}.pt"))
-        states = [os.path.join(tmp, f"state-rank{r}.pt") for r in range(self.rt.world)]
-        self.all_see(states, f"the training states of checkpoint {tmp}")  # or none is renamed into a checkpoint
-        if rank == 0:
-            fsync(tmp)  # the files reach the disk before the rename makes them the checkpoint
-            shutil.rmtree(final, ignore_errors=True)  # a step saved twice (the last one)
-            os.replace(tmp, final)
-            fsync(self.args.output_dir, files=False)  # the rename itself
-            for old in checkpoints(self.args.output_dir)[: -self.args.save_total_limit or 0]:
-                shutil.rmtree(old, ignore_errors=True)
-        self.barrier()
-
-    def load(self, path):
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
-        saved = torch.load(os.path.join(path, f"state-rank{self.rt.rank}.pt"), weights_only=True)  # no unpickling
-        world = f"{path} was written by {saved['world_size']} processes; resume with as many"
-        fail(saved["world_size"] != self.rt.world, world)
-        changed = [k for k, v in asdict(self.args).items() if k not in RESUMABLE and saved["args"].get(k) != v]
-        was = ", ".join(f"--{k} {saved['args'].get(k)} (now {getattr(self.args, k)})" for k in changed)
-        fail(changed, f"{path} was written with other settings: {was}")
-        states = dict(model_state_dict=saved["policy"], optim_state_dict=saved["optimizer"])
-        set_state_dict(self.policy, self.optimizer, **states)
-        if self.ref is not None and saved["ref"] is not None:
-            set_model_state_dict(self.ref, saved["ref"])
-        self.scheduler.load_state_dict(saved["scheduler"])
-        torch.set_rng_state(saved["rng"]["torch"])
-        self.sampling_gen.set_state(saved["rng"]["sampling"])
-        if "cuda" in saved["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state(saved["rng"]["cuda"])
-        vars(self.state).update(saved["state"])
-
-    def save_pretrained(self, directory):
-        """A Hugging Face model directory of the policy, gathered from its shards (rank 0 writes)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not the fp32 the training keeps
-            dtype = getattr(self.policy, "export_dtype", None)
-            self.policy.save_pretrained(directory, state_dict={k: v.to(dtype or v.dtype) for k, v in full.items()})
-            self.tokenizer.save_pretrained(directory)
-        self.barrier()
-
-    def barrier(self):
-        if self.rt.world > 1:
-            dist.barrier()
-
-    def all_see(self, paths, what):
-        """After a barrier, every process must see every one of `paths`, or all of them stop with one line."""
-        self.barrier()
-        blind = torch.tensor([float(not all(map(os.path.exists, paths)))], dtype=torch.float64)
-        if self.rt.world > 1:
-            dist.all_reduce(blind)
-        shared = "on several nodes --output_dir must be a folder every node sees"
-        fail(blind.item(), f"{int(blind.item())} of {self.rt.world} processes do not see {what}: {shared}")
-
-    def finish(self):
-        """The final model: the last checkpoint's files, linked into --output_dir (gathered and written once)."""
-        self.bar.close()
-        for _, close in self.trackers:
-            close()
-        if self.rt.rank == 0:
-            last = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")  # the last step always saves
-            for f in os.listdir(last) if os.path.isdir(last) else []:
-                if not f.startswith("state-rank"):
-                    link(os.path.join(last, f), os.path.join(self.args.output_dir, f))
-            print(f"saved to {self.args.output_dir}")
-        if self.rt.distributed:
-            dist.barrier()  # leave together: a process tearing down gloo while another still saves can abort
-            dist.destroy_process_group()
-
-
-MODE = ("offline", "online", "humanline", "sync", "clip", "pairs_from_samples", "sample_every", "seed", "plan_only")
-RESUMABLE = (  # settings a resumed run may change
-    "resume output_dir save_every log_every eval_every num_eval_prompts eval_prompts dist_timeout report_to "
-    "overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code"
-).split()
-
-
-def open_trackers(args):
-    """--report_to: [(write(record), close())] for TensorBoard (output_dir/tensorboard) and W&B (project
-    $WANDB_PROJECT or humanline, continued by --resume), each record's keys at its step, the arguments as config."""
-    trackers = []
-    for name in [n for n in args.report_to.split(",") if n != "none"]:
-        try:
-            tracker = importlib.import_module("torch.utils.tensorboard" if name == "tensorboard" else "wandb")
-        except ImportError:
-            fail(True, f"--report_to {name}: the package is not installed (pip install {name})")
-        if name == "tensorboard":
-            tb = tracker.SummaryWriter(os.path.join(args.output_dir, "tensorboard"))
-            tb.add_text("args", json.dumps(asdict(args), indent=2))
-            trackers.append((lambda r: [tb.add_scalar(k, v, r["step"]) for k, v in r.items() if k != "step"], tb.close))
+    update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
+    while state.step < args.max_steps:
+        t0, cpu0 = time.time(), time.process_time()
+        if args.online and step_batch(state.step) is None:
+            # ALGO LOGIC: the buffer is spent: sample and score the next --sample_every steps' groups
+            # (or a round of pairs). The reference becomes the sampler (PPO's theta_old), unless
+            # syncing spans samplings
+            order = plumbing.round_prompts(len(train_prompts), per_round, state.round_index, args.seed)
+            rows = [train_prompts[i] for i in order]
+            groups, record = plumbing.sample_and_score(
+                policy, tokenizer, reward_fns, rows, args.num_generations, args, state.round_index, rt
+            )
+            state.round_index, state.round_start = state.round_index + 1, state.step
+            if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
+                pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
+                seed = plumbing.stream_seed(args.seed, "shuffle", state.round_index)
+                order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed))
+                groups = [pairs[i] for i in order.tolist()]
+                record["online/kept_frac"] = len(pairs) / len(rows)
+            else:  # a group with a bad reward is left out whole: its advantages need every reward
+                groups = [g[1:] for g in groups if None not in g[3]]
+            seqs = group_sequences(groups, args.advantage_std)
+            state.round = seqs[: len(seqs) // args.batch_size * args.batch_size]
+            if reference is not None and reset_each_sampling:
+                reference.reset(policy, step=state.step)
+            record = {"step": state.step, "online/round": state.round_index} | record
+            zero_std = sum(len(set(s)) == 1 for _, _, s in groups) / max(1, len(groups))
+            record |= {"online/groups": len(groups), "online/zero_std_frac": zero_std}
+            record["online/steps"] = len(state.round) // args.batch_size
+            session.log(record | {"online/seconds": time.time() - t0})
+            few = f"round {state.round_index} gave {len(groups)} groups, fewer than a batch ({args.batch_size} "
+            few += "sequences): raise --round_size or lower --reward_threshold, or add prompts"
+            plumbing.fail(not state.round, few)
             continue
-        id_file = os.path.join(args.output_dir, "wandb_id")
-        run_id = open(id_file).read() if args.resume and os.path.exists(id_file) else os.urandom(6).hex()
-        with open(id_file, "w") as f:
-            f.write(run_id)
-        project, name = os.environ.get("WANDB_PROJECT", "humanline"), os.path.basename(os.path.abspath(args.output_dir))
-        run = tracker.init(
-            project=project, name=name, id=run_id, resume="allow", config=asdict(args), dir=args.output_dir
-        )
-        trackers.append((lambda r: run.log({k: v for k, v in r.items() if k != "step"}, step=r["step"]), run.finish))
-    return trackers
 
+        # ALGO LOGIC: DAPO normalisation: the step's completion tokens, micro-batches and processes
+        forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
+        n_tokens = float(sum(len(c) for _, sequences in forwards for _, c in sequences))
+        n_tokens = torch.tensor(n_tokens, dtype=torch.float64, device=rt.device)
+        if rt.world > 1:
+            dist.all_reduce(n_tokens)
+        n_tokens = max(1.0, n_tokens.item())
 
-def checkpoints(output_dir):  # the complete ones, oldest first
-    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
-    steps = [int(d.split("-")[1]) for d in names if d.startswith("checkpoint-") and d.split("-")[1].isdigit()]
-    return [os.path.join(output_dir, f"checkpoint-{s}") for s in sorted(steps)]
+        # the step: a forward per model and micro-batch
+        sums, head = {}, (rt.head_dtype, rt.logps_temperature)
+        for micro, (seqs, sequences) in enumerate(forwards):
+            inputs = collate(sequences, tokenizer.pad_token_id, rt.device)
+            with rt.autocast:
+                ref_logps = reference.logps(state.step, micro, inputs) if reference else None
+                with torch.no_grad():
+                    base_logps = token_logps(base, *inputs, *head) if base is not None else None
+                policy_logps = token_logps(policy, *inputs, *head)
+            if on_policy:  # the sampler is the policy: its own log-probs, detached
+                ref_logps = policy_logps.detach()
+            mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
+            # ALGO LOGIC: the ratio's denominator: the reference (frozen offline, synced under
+            # --sync), online the sampler (PPO's theta_old); the KL baseline: it or the initial
+            bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
+            rejected = None
+            if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached
+                reject = humanline_sampling.rejection_mask
+                rejected = reject(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
+            loss, metrics = grpo_loss(
+                policy_logps,
+                ref_logps,
+                ref_logps if base is None else base_logps,
+                mask,
+                advantages=torch.tensor([s[2] for s in seqs], device=rt.device),
+                eps=args.eps,
+                beta=args.beta,
+                log_eps_P=bounds[0],
+                log_eps_R=bounds[1],
+                num_tokens=n_tokens,
+                rejected=rejected,
+            )
+            (loss * rt.world).backward()  # FSDP2 averages the gradients over processes
+            clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
+            metrics |= {"tokens": mask.sum(), "completion_length": mask.sum(-1), "humanline/clamped_frac": clamped}
+            if args.online:
+                metrics["reward"] = torch.tensor([s[3] for s in seqs])
+            plumbing.accumulate(sums, metrics)
 
+        # the update (it syncs the reference); a non-finite loss skips it, a SIGTERM stops after it
+        skip, stop = session.agree(sums)
+        lr = scheduler.get_last_lr()[0]
+        grad_norm = optimizer_step(policy, reference, optimizer, scheduler, **update, step=state.step, skip=skip)
+        state.step += 1
 
-def link(src, dest):
-    try:
-        os.link(src, dest + ".tmp")  # the same bytes under two names: no second copy on disk
-    except OSError:
-        shutil.copy2(src, dest + ".tmp")
-    os.replace(dest + ".tmp", dest)
-
-
-def open_metrics(path, step):
-    """metrics.jsonl for appending: a resumed run keeps the records up to its step (later ones were the crashed
-    attempt's; a line cut short by a kill is dropped), a new run starts afresh."""
-    kept = []
-    if step and os.path.exists(path):
-        with open(path) as f:
-            kept = [line for line in f if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
-    with open(path + ".tmp", "w") as f:
-        f.writelines(kept)
-    os.replace(path + ".tmp", path)  # a kill leaves the old records or the kept ones, never none
-    return open(path, "a")
-
-
-def fsync(path, files=True):
-    """Flush a directory's entries (with files, every file under it too) to disk."""
-    for p in ([os.path.join(root, n) for root, _, names in os.walk(path) for n in names] if files else []) + [path]:
-        fd = os.open(p, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-
-
-def peak_memory_gib(device):
-    """Peak CUDA memory allocated, or on a CPU the process's peak resident set size."""
-    import resource
-
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+        # log, evaluate, checkpoint, stop
+        record = session.record(sums, grad_norm=grad_norm, lr=lr, skipped=skip, t0=t0, cpu0=cpu0)
+        if args.online:  # how many updates old the samples are
+            staleness = state.step - 1 - state.round_start
+            record |= {"online/round": state.round_index, "online/staleness": staleness}
+        if eval_prompts and (state.step == args.max_steps or plumbing.every(state.step, args.eval_every)):
+            record |= evaluate()
+        if plumbing.every(state.step, args.log_every) or "eval/reward" in record:
+            session.log(record)
+        session.stop_if_stuck()  # --max_bad_steps skipped steps in a row
+        periodic = plumbing.every(state.step, args.save_every) and not session.bad_streak
+        if periodic or stop or state.step == args.max_steps:
+            session.save()
+        if stop:
+            session.exit_after_signal()
+    session.finish()
 
 
 if __name__ == "__main__":

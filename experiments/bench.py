@@ -20,7 +20,7 @@ rows excepted, which train on what they sample):
     humanline k=16   --offline --humanline --sync_every 16: reference-free (16 batches computed at each sync)
     online           --online: a round's sampling (+ scoring, + GRPO's sampler log-probs) and its training steps,
                      timed separately ("round s" column)
-    sync             one sync_reference (an in-place copy of every parameter into the reference), timed alone
+    sync             one ReferenceModel.sync (an in-place copy of every parameter into the reference), timed alone
 
 Measured: each configuration runs in a fresh process (one thread on CPU) for --steps optimizer steps, timed by the
 scripts' own perf/ metrics (the step's wall time and CPU time: data, forwards, backward, update; not logging or
@@ -36,7 +36,7 @@ allocator's fragmentation moves the peak by 0.1 GiB from run to run, and the pag
 runs), so it is the peak of live memory: weights, gradients, optimizer state, activations, plus the interpreter
 and its libraries (the "python + libraries" figure is that part alone); on a GPU the most CUDA memory
 allocated at once. The floor and sync rows run this file's worker on the scripts' own
-functions (offline_batch, forward_batches, collate, token_logps, sync_reference). tokens/s counts every
+functions (offline_batch, forward_batches, collate, token_logps, ReferenceModel.sync). tokens/s counts every
 non-padding token of the step's forwards (prompt + completion); model FLOPs per step are 8 x parameters x those
 tokens (forward + backward of the policy, 6N per token, and a forward of the reference, 2N), and MFU divides
 their rate by --peak_tflops. With a CUDA device the whole matrix also runs there (bf16 autocast, as the scripts
@@ -55,6 +55,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import plumbing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "experiments", "results")
@@ -159,7 +161,7 @@ def worker(opts):
         importlib.import_module("datasets")  # the scripts import it to read data
         return {"peak_gib": peak_gib(device)}
     args = m.Args(batch_size=opts.batch, micro_batch_size=opts.batch)
-    encoded = m.load_data(
+    encoded = plumbing.load_data(
         args, "examples" if opts.algo == "kto" else "preferences", tok, toy, argparse.Namespace(rank=0)
     )
     if opts.algo == "kto":  # as the scripts
@@ -195,10 +197,10 @@ def worker(opts):
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - cpu0)
         tokens.append(n)
-    sync_times, sync_cpu = [], []
+    sync_times, sync_cpu, reference = [], [], m.ReferenceModel(ref, rt=None)
     for _ in range(20):
         t0, cpu0 = time.perf_counter(), time.process_time()
-        m.sync_reference(ref, policy)
+        reference.sync(policy, step=0)
         sync()
         sync_times.append(time.perf_counter() - t0)
         sync_cpu.append(time.process_time() - cpu0)
@@ -301,7 +303,9 @@ def trl_worker(opts):
     tok = AutoTokenizer.from_pretrained(path)
     with open(toy.offline["strong"]) as f:
         rows = [json.loads(line) for line in f]
-    ours = [(p, c, r) for p, (c, r), _ in m.load_data(m.Args(), "preferences", tok, toy, argparse.Namespace(rank=0))]
+    ours = [
+        (p, c, r) for p, (c, r), _ in plumbing.load_data(m.Args(), "preferences", tok, toy, argparse.Namespace(rank=0))
+    ]
     order = [i for s in range(opts.steps) for i in m.offline_batch(list(range(len(rows))), s, opts.batch, 0)]
     dataset = datasets.Dataset.from_list([{k: rows[i][k] for k in ("prompt", "chosen", "rejected")} for i in order])
     config = DPOConfig(**trainer_options(opts, device), **TRL_SETTINGS, **json.loads(opts.trl_options))
@@ -426,7 +430,7 @@ def record_samples(path, argv):
     the order it trains on them (a group with a bad reward is left out, as the script does); written to path."""
     import grpo_humanline as m
 
-    kept, sample_and_score = [], m.sample_and_score
+    kept, sample_and_score = [], plumbing.sample_and_score
 
     def recording(*a, **kw):
         groups, record = sample_and_score(*a, **kw)
@@ -436,7 +440,7 @@ def record_samples(path, argv):
             )
         return groups, record
 
-    m.sample_and_score, sys.argv = recording, argv
+    plumbing.sample_and_score, sys.argv = recording, argv
     try:
         m.main()
     finally:

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import plumbing
 import toy_task
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -28,14 +29,14 @@ def toy() -> toy_task.ToyPaths:
 
 
 def make_session(module, out, policy, ref, opt, sched, tok, resume=False, step=0):
-    """A script's run bookkeeping (Session: checkpoints, resume) on one process, for models built in a test."""
+    """A script's run bookkeeping (plumbing.Session: checkpoints, resume) on one process, for models built in a test;
+    `ref` a reference model (the script's ReferenceModel holds it) or None."""
     args = module.Args(output_dir=str(out), resume=resume)
     rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), distributed=False)
-    state = SimpleNamespace(
-        step=step, round_index=0, round=[], round_start=0, ref_ahead={}, ref_weights=None, bad_steps=0
-    )
+    state = SimpleNamespace(step=step, round_index=0, round=[], round_start=0, bad_steps=0)
+    reference = module.ReferenceModel(ref, rt) if ref is not None else None
     handler = signal.getsignal(signal.SIGTERM)
     try:
-        return module.Session(args, rt, tok, policy, ref, opt, sched, torch.Generator(), state)
+        return plumbing.Session(args, rt, tok, policy, opt, sched, torch.Generator(), state, reference)
     finally:
         signal.signal(signal.SIGTERM, handler)  # the Session's own, for the scripts' loops

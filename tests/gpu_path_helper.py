@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dpo_humanline as dpo  # noqa: E402
 import memory_plan  # noqa: E402
+import plumbing  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(1)
@@ -50,11 +51,12 @@ def pairs_file(path, n_pairs, prompt, completion, seed=0):
 
 
 def run_main(argv, **watch):
-    """dpo_humanline.main() on `argv`, with each of the script's functions named in `watch` wrapped by its watcher:
-    watcher(real, *args, **kwargs) calls the real function and returns what it returns."""
+    """dpo_humanline.main() on `argv`, with each of the functions named in `watch` (the script's, else plumbing's)
+    wrapped by its watcher: watcher(real, *args, **kwargs) calls the real function and returns what it returns."""
+    owner = {name: dpo if hasattr(dpo, name) else plumbing for name in watch}
     patches = [
-        mock.patch.object(dpo, name, (lambda real, w: lambda *a, **k: w(real, *a, **k))(getattr(dpo, name), w))
-        for name, w in watch.items()
+        mock.patch.object(owner[n], n, (lambda real, w: lambda *a, **k: w(real, *a, **k))(getattr(owner[n], n), w))
+        for n, w in watch.items()
     ]
     with contextlib.ExitStack() as stack:
         for patch in patches:
@@ -82,8 +84,8 @@ def fsdp(model_dir, out):
     reset_peak()
     before, _ = rss()
     loaded = {}
-    check = dpo.check_logps
-    with mock.patch.object(dpo, "check_logps", lambda *a: loaded.setdefault("peak", rss()[1]) and check(*a)):
+    check = plumbing.check_logps
+    with mock.patch.object(plumbing, "check_logps", lambda *a: loaded.setdefault("peak", rss()[1]) and check(*a)):
         policy = dpo.load_model(args, None, rt)
     result["load_rss_growth"] = loaded["peak"] - before
     full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -92,7 +94,7 @@ def fsdp(model_dir, out):
         result["loaded_equal"] = ref.keys() == full.keys() and all(torch.equal(ref[k], full[k]) for k in ref)
     result["model_bytes"] = sum(p.numel() * 4 for p in policy.parameters())  # DTensors: the full size
     result["largest_bytes"] = max(p.numel() * 4 for p in policy.parameters())
-    result["shard_bytes"] = sum(dpo.local(p).numel() * 4 for p in policy.parameters())
+    result["shard_bytes"] = sum(plumbing.local(p).numel() * 4 for p in policy.parameters())
     del full
 
     calls = []
@@ -109,7 +111,7 @@ def fsdp(model_dir, out):
         for new_tokens in (4, 16):
             calls.clear()
             args.max_new_tokens = new_tokens
-            dpo.generate(policy, tokenizer, prompts, 2, args, greedy=False, seed=0)
+            plumbing.generate(policy, tokenizer, prompts, 2, args, greedy=False, seed=0)
             result[f"all_gathers_{new_tokens}"] = len(calls)
     finally:
         dist.all_gather_single = real
@@ -136,19 +138,20 @@ def train(model_dir, data, out, precision):
 
     def after_micro_batch(real, sums, metrics):  # the loop calls it after the micro-batch's backward
         grads = [p.grad for p in models[0].parameters() if p.grad is not None]
-        result["grad_bytes"].append(sum(dpo.local(g).numel() * g.element_size() for g in grads))
+        result["grad_bytes"].append(sum(plumbing.local(g).numel() * g.element_size() for g in grads))
         result["grad_dtypes"] |= {str(g.dtype) for g in grads}
         return real(sums, metrics)
 
     def loss(real, *logps, **kw):
-        result["loss_dtypes"] |= {str(t.dtype) for t in logps[:4]}  # the policy's and the reference's log-probs
+        read = [*logps[:4], *(v for k, v in kw.items() if k.endswith("_logps"))]  # the policy's and the reference's
+        result["loss_dtypes"] |= {str(t.dtype) for t in read}
         losses, metrics = real(*logps, **kw)
         result["loss_dtypes"].add(str(losses.dtype))
         return losses, metrics
 
     def update(real, policy, ref, optimizer, *a, **kw):
         result["params"] = {str(p.dtype) for p in policy.parameters()}
-        result["shard_bytes"] = sum(dpo.local(p).numel() * p.element_size() for p in policy.parameters())
+        result["shard_bytes"] = sum(plumbing.local(p).numel() * p.element_size() for p in policy.parameters())
         done = real(policy, ref, optimizer, *a, **kw)
         moments = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1]
         result["adam"] = {str(v.dtype) for v in moments}
@@ -165,8 +168,9 @@ def train(model_dir, data, out, precision):
 
 
 def peak(shape_json, out):
-    """One process, two DPO steps of the script's own loop (the second, so that the gradients and AdamW's moments
-    exist) on a Llama of the given shape: the peak RSS from the model's load to the second update, above the RSS
+    """One process, two humanline DPO steps of the script's own loop (the second, so that the gradients and AdamW's
+    moments exist; reference-free, each sync computes the next step's reference log-probs while the gradients exist)
+    on a Llama of the given shape: the peak RSS from the model's load to the second update, above the RSS
     before it, against the memory plan's training phase."""
     import tempfile
 
@@ -195,7 +199,7 @@ def peak(shape_json, out):
         argv = ["--model_name_or_path", os.path.join(tmp, "model"), "--dataset", os.path.join(tmp, "pairs.jsonl")]
         argv += ["--batch_size", str(flags["batch_size"]), "--micro_batch_size", str(flags["micro_batch_size"])]
         argv += ["--max_length", str(flags["max_length"]), "--max_prompt_length", "16", "--max_steps", "2"]
-        argv += ["--precision", flags["precision"], "--eval_prompts", "none", "--save_every", "0"]
+        argv += ["--precision", flags["precision"], "--eval_prompts", "none", "--save_every", "0", "--humanline"]
         argv += ["--output_dir", os.path.join(tmp, "run")] + ["--gradient_checkpointing"] * flags[
             "gradient_checkpointing"
         ]

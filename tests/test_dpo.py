@@ -2,6 +2,7 @@
 the order of syncing around the optimizer step, online pairing, data validation, collation, and
 end-to-end runs on the toy task (every mode and ablation, two processes = one, resume)."""
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +23,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import dpo_humanline
 import grpo_humanline
 import kto_humanline
-from dpo_humanline import Args, collate, dpo_loss, encode_rows, optimizer_step, sync_reference, token_logps
+import plumbing
+from dpo_humanline import Args, ReferenceModel, collate, dpo_loss, optimizer_step, token_logps
+from plumbing import encode_rows
 
 
 def encode_pairs(rows, tok, args):
@@ -31,7 +35,7 @@ def encode_pairs(rows, tok, args):
 
 
 def as_text(value, row, column, tok, prompt=None):
-    return dpo_humanline.as_text(value, f"data.jsonl: row {row}, column '{column}'", tok, prompt)
+    return plumbing.as_text(value, f"data.jsonl: row {row}, column '{column}'", tok, prompt)
 
 
 def best_worst_pairs(prompts, completions, scores, n, threshold):
@@ -167,21 +171,21 @@ def test_clamped_fraction_counts_completion_tokens_outside_the_range():
 
 
 # ----------------------------------------------------------------------------------------------
-# optimizer_step and sync_reference: what the reference holds, and when
+# optimizer_step and the reference's sync: what the reference holds, and when
 # ----------------------------------------------------------------------------------------------
 
 
 def linear_setup(lr=0.1):
     torch.manual_seed(0)
     policy = torch.nn.Linear(3, 2)
-    ref = copy.deepcopy(policy).requires_grad_(False)
+    ref = ReferenceModel(copy.deepcopy(policy), rt=None)
     opt = torch.optim.SGD(policy.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     return policy, ref, opt, sched
 
 
-def weights(model):
-    return [p.detach().clone() for p in model.parameters()]
+def weights(model):  # a model's, or a reference model's
+    return [p.detach().clone() for p in getattr(model, "model", model).parameters()]
 
 
 def same(a, b):
@@ -193,15 +197,15 @@ def backward(policy, t):
     (policy(x) ** 2).sum().backward()
 
 
-def test_sync_reference_copies_weights_in_place():
+def test_the_reference_models_sync_copies_weights_in_place():
     policy, ref, *_ = linear_setup()
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(1.0)
-    ref_storage = [p.data_ptr() for p in ref.parameters()]
-    sync_reference(ref, policy)
+    ref_storage = [p.data_ptr() for p in ref.model.parameters()]
+    ref.sync(policy, step=0)
     assert same(weights(ref), weights(policy))
-    assert [p.data_ptr() for p in ref.parameters()] == ref_storage
+    assert [p.data_ptr() for p in ref.model.parameters()] == ref_storage
     with torch.no_grad():  # a copy, not shared storage
         next(policy.parameters()).add_(1.0)
     assert not same(weights(ref), weights(policy))
@@ -245,7 +249,7 @@ def test_a_skipped_step_leaves_out_the_update_not_the_sync(module, sync, why):
     the step alone, so a skipped step k - 1 still makes the reference the policy as it is."""
     policy, ref, opt, sched = linear_setup()
     with torch.no_grad():  # a reference that differs from the policy
-        for p in ref.parameters():
+        for p in ref.model.parameters():
             p.add_(1.0)
     backward(policy, 0)
     if why == "grad":
@@ -257,18 +261,34 @@ def test_a_skipped_step_leaves_out_the_update_not_the_sync(module, sync, why):
 
 
 @pytest.mark.parametrize("module", [dpo_humanline, kto_humanline, grpo_humanline], ids=["dpo", "kto", "grpo"])
-def test_the_reference_free_schedule_is_the_one_optimizer_step_follows(module):
-    """k = 3: humanline syncs before updates 2 and 5 (the test above), so steps 3-5 see the policy as step 2 began and
-    steps 6-8 as step 5 began; trust region copies after them (as steps 3 and 6 began); a round's start resets."""
-    got = {
-        sync: [module.reference_step(s, sync, 3) for s in range(9)] for sync in ("humanline", "trust_region", "none")
-    }
-    assert got == {
-        "humanline": [0, 0, 0, 2, 2, 2, 5, 5, 5],
-        "trust_region": [0, 0, 0, 3, 3, 3, 6, 6, 6],
-        "none": [0] * 9,
-    }
-    assert [module.reference_step(s, "humanline", 3, reset=4) for s in range(4, 9)] == [4, 4, 5, 5, 5]
+@pytest.mark.parametrize(
+    "sync,reset,expected",
+    [
+        ("humanline", 0, [0, 0, 0, 2, 2, 2, 5, 5, 5]),
+        ("trust_region", 0, [0, 0, 0, 3, 3, 3, 6, 6, 6]),
+        ("none", 0, [0] * 9),
+        ("humanline", 4, [4, 4, 5, 5, 5]),  # an online round started at step 4
+    ],
+)
+def test_the_reference_free_reference_is_the_policy_optimizer_step_syncs_it_to(module, sync, reset, expected):
+    """k = 3, each update adding 1 to a one-weight policy, so that the weight as step t began is t. The log-probs that
+    plumbing.PolicyAsReference serves at step t are those of the policy as step reference(t) began: humanline syncs
+    before updates 2 and 5 (steps 3-5 see the policy as step 2 began), trust region after them; a reset starts it."""
+    policy = torch.nn.Linear(1, 1, bias=False)
+    policy.weight.data.fill_(float(reset))
+    rt = SimpleNamespace(rank=0, device=torch.device("cpu"), autocast=contextlib.nullcontext())
+    rt.head_dtype, rt.logps_temperature = torch.float32, 1.0
+    read = lambda model, *inputs: model.weight.detach().clone()  # noqa: E731 (the "log-probs": the weight)
+    reference = plumbing.PolicyAsReference(policy, lambda s: [()], read, rt, sync=sync, sync_every=3, max_steps=9)
+    opt = torch.optim.SGD(policy.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    reference.reset(policy, step=reset)
+    got = []
+    for t in range(reset, 9):
+        got.append(reference.logps(t, 0, None).item())
+        policy.weight.grad = torch.full_like(policy.weight, -1.0)
+        module.optimizer_step(policy, reference, opt, sched, 1e9, sync, 3, t)
+    assert got == expected
 
 
 def test_sync_none_every_step_never_touches_the_reference():
@@ -291,17 +311,17 @@ def test_gradients_are_clipped_before_the_sync_and_the_update(sync, monkeypatch)
     assert pre_norm > 10 * max_norm
     before = weights(policy)
     seen = []
-    real_sync = dpo_humanline.sync_reference
+    real_sync = ref.sync
 
-    def spy(r, p):
+    def spy(p, step):
         gs = [q.grad for q in p.parameters()]
         norm = None if any(g is None for g in gs) else math.sqrt(sum((g.double() ** 2).sum().item() for g in gs))
         seen.append((norm, weights(p)))
-        return real_sync(r, p)
+        return real_sync(p, step)
 
-    monkeypatch.setattr(dpo_humanline, "sync_reference", spy)
-    norm, seconds = optimizer_step(policy, ref, opt, sched, max_norm, sync, 1, 0)
-    assert seconds > 0
+    monkeypatch.setattr(ref, "sync", spy)
+    norm = optimizer_step(policy, ref, opt, sched, max_norm, sync, 1, 0)
+    assert ref.seconds > 0
     after = weights(policy)
     assert float(norm) == pytest.approx(pre_norm, rel=1e-6)  # the returned norm is the pre-clip norm
     assert len(seen) == 1
@@ -839,7 +859,7 @@ def checkpoint_round_trip(toy, tok, tmp_path_factory):
     policy, ref, opt, sched = setup()
     for t in range(3):
         policy(input_ids=torch.tensor([[3, 4, 13, 5, 14]])).logits.pow(2).mean().backward()
-        optimizer_step(policy, ref, opt, sched, 1.0, "humanline", 1, t)
+        optimizer_step(policy, ReferenceModel(ref, None), opt, sched, 1.0, "humanline", 1, t)
     out = tmp_path_factory.mktemp("ckpt")
     session(out, policy, ref, opt, sched, tok, step=3).save()
     fresh = setup()

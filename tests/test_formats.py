@@ -33,6 +33,7 @@ import dpo_humanline
 import grpo_humanline
 import kto_humanline
 import memory_plan
+import plumbing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = {"dpo": dpo_humanline, "kto": kto_humanline, "grpo": grpo_humanline}
@@ -135,14 +136,12 @@ def args_for(module, **kw):
 def test_every_preference_shape_encodes_as_its_explicit_form(llama, shape):
     """The implicit and repeated-prompt shapes give exactly the token ids of the explicit shape: one BOS (the
     template's), the prompt, and a completion ending in the template's <|eot_id|> (text: in the end token)."""
-    tokenizer = dpo_humanline.load_tokenizer(
+    tokenizer = plumbing.load_tokenizer(
         args_for(dpo_humanline, model_name_or_path=llama, dataset="x.jsonl", eval_prompts="none")
     )[0]
-    encoded, cut = dpo_humanline.encode_rows(PREFERENCE_SHAPES[shape], tokenizer, args_for(dpo_humanline), "data.jsonl")
+    encoded, cut = plumbing.encode_rows(PREFERENCE_SHAPES[shape], tokenizer, args_for(dpo_humanline), "data.jsonl")
     explicit = "conversational" if "conversation" in shape else "standard"
-    expected = dpo_humanline.encode_rows(PREFERENCE_SHAPES[explicit], tokenizer, args_for(dpo_humanline), "data.jsonl")[
-        0
-    ]
+    expected = plumbing.encode_rows(PREFERENCE_SHAPES[explicit], tokenizer, args_for(dpo_humanline), "data.jsonl")[0]
     if shape == "standard-implicit-prompt":  # text: the prompt ends at the last space the two completions share
         assert [(p + c, p + r) for p, (c, r), _ in encoded] == [(p + c, p + r) for p, (c, r), _ in expected]
         assert tokenizer.decode(encoded[5][0], skip_special_tokens=True) == QUESTIONS[5][0] + " It is"
@@ -271,11 +270,11 @@ def test_a_toy_named_file_is_a_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "toy_mine.jsonl", [{"prompt": "1+1=", "chosen": "1+1+0=02>002", "rejected": "3"}] * 2)
     args = args_for(dpo_humanline, dataset="toy_mine.jsonl", eval_prompts="none", batch_size=2)
-    tokenizer, toy = dpo_humanline.load_tokenizer(args)
+    tokenizer, toy = plumbing.load_tokenizer(args)
     rt = SimpleNamespace(rank=0, world=1)
-    assert len(dpo_humanline.load_data(args, "preferences", tokenizer, toy, rt)) == 2
+    assert len(plumbing.load_data(args, "preferences", tokenizer, toy, rt)) == 2
     with pytest.raises(SystemExit, match="toy_mine.jsonl: 2 rows, fewer than the 3"):
-        dpo_humanline.load_data(args, "preferences", tokenizer, toy, rt, need=3)
+        plumbing.load_data(args, "preferences", tokenizer, toy, rt, need=3)
 
 
 def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tmp_path, capsys):
@@ -284,7 +283,7 @@ def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tm
     args = args_for(
         dpo_humanline, model_name_or_path=llama, dataset=data, eval_prompts="none", online=True, max_prompt_length=60
     )
-    tokenizer = dpo_humanline.load_tokenizer(args)[0]
+    tokenizer = plumbing.load_tokenizer(args)[0]
     lengths = [
         len(
             tokenizer(
@@ -295,7 +294,7 @@ def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tm
         for r in rows
     ]
     assert max(lengths[:-2]) <= 60 < min(lengths[-2:])  # the template's BOS counted once
-    dpo_humanline.load_data(args, "prompts", tokenizer, None, SimpleNamespace(rank=0, world=1))
+    plumbing.load_data(args, "prompts", tokenizer, None, SimpleNamespace(rank=0, world=1))
     assert ": {'prompts': 2} (cut to --max_prompt_length" in capsys.readouterr().out
 
 
@@ -306,7 +305,7 @@ def test_a_chat_template_that_renders_the_prompt_differently_is_an_error_naming_
     with pytest.raises(
         SystemExit, match=r"data.jsonl: row 0, column 'chosen': the chat template renders the prompt differently"
     ):
-        dpo_humanline.encode_rows(rows, tokenizer, args_for(dpo_humanline), "data.jsonl")
+        plumbing.encode_rows(rows, tokenizer, args_for(dpo_humanline), "data.jsonl")
 
 
 @pytest.mark.parametrize(
@@ -322,13 +321,13 @@ def test_a_chat_template_that_renders_the_prompt_differently_is_an_error_naming_
 )
 def test_rows_whose_prompt_cannot_be_found_name_the_row(row, match):
     with pytest.raises(SystemExit, match=match):
-        dpo_humanline.encode_rows([row], chat_tokenizer(), args_for(dpo_humanline), "data.jsonl")
+        plumbing.encode_rows([row], chat_tokenizer(), args_for(dpo_humanline), "data.jsonl")
 
 
 def test_sampled_completions_end_in_the_templates_end_token_or_are_cut(llama):
     """A random model samples nearly uniformly: some completions stop at <|eot_id|> or the end token (kept), the
     rest are cut at --max_new_tokens and have no end token; the cut ones are counted."""
-    tokenizer = dpo_humanline.load_tokenizer(
+    tokenizer = plumbing.load_tokenizer(
         args_for(dpo_humanline, model_name_or_path=llama, eval_prompts="none", dataset="x.jsonl")
     )[0]
     model = LlamaForCausalLM.from_pretrained(llama)
@@ -338,9 +337,9 @@ def test_sampled_completions_end_in_the_templates_end_token_or_are_cut(llama):
     prompts = [
         tokenizer.apply_chat_template([user(q)], tokenize=False, add_generation_prompt=True) for q, _, _ in QUESTIONS
     ]
-    ids = [dpo_humanline.prompt_ids(tokenizer, t) for t in prompts]
+    ids = [plumbing.prompt_ids(tokenizer, t) for t in prompts]
     assert all(p.count(tokenizer.bos_token_id) == 1 for p in ids)
-    completions, finished = dpo_humanline.generate(model, tokenizer, ids, 8, args, greedy=False, seed=0)
+    completions, finished = plumbing.generate(model, tokenizer, ids, 8, args, greedy=False, seed=0)
     ends = {tokenizer.convert_tokens_to_ids(EOT), tokenizer.eos_token_id}
     for c, f in zip(completions, finished):
         assert not ends & set(c[:-1]) and f == (c[-1] in ends) and (f or len(c) == 12)
@@ -384,9 +383,7 @@ def test_the_reward_model_scores_the_template_once_with_one_bos_and_a_pad_token(
     rm.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     args = args_for(dpo_humanline, reward_model=str(tmp_path))
-    score = dpo_humanline.make_scorer(
-        str(tmp_path), args, SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)
-    )
+    score = plumbing.make_scorer(str(tmp_path), args, SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32))
     prompts, completions = [[user("What is 1 plus 1?")], [user("Hi")]], ["It is 2.", "Hello there, how are you today?"]
     got = score(prompts, completions)
     for p, c, g in zip(prompts, completions, got):
@@ -519,8 +516,8 @@ def parsed(algo, argv, world=1, rows=1000, printed=None):
         mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]),
         mock.patch.dict(os.environ, {"WORLD_SIZE": str(world)}),
         mock.patch.object(module, "setup", lambda a: SimpleNamespace(rank=0, world=world)),
-        mock.patch.object(module, "load_tokenizer", lambda a: (None, None)),
-        mock.patch.object(module, "load_data", data),
+        mock.patch.object(plumbing, "load_tokenizer", lambda a: (None, None)),
+        mock.patch.object(plumbing, "load_data", data),
         mock.patch.object(module, "load_model", stop),
         mock.patch.object(memory_plan, "read_config", local_config),
         contextlib.redirect_stdout(printed or io.StringIO()),

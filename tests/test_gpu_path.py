@@ -25,6 +25,7 @@ from transformers import (
 
 import dpo_humanline as dpo
 import memory_plan
+import plumbing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HELPER = os.path.join(ROOT, "tests", "gpu_path_helper.py")
@@ -333,7 +334,7 @@ def test_reward_models_score_in_batches_and_running_out_of_memory_names_the_flag
     AutoTokenizer.from_pretrained(toy.model).save_pretrained(tmp_path / "rm")
     args = dpo.Args(reward_batch_size=3)
     rt = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, autocast=torch.autocast("cpu", enabled=False))
-    score = dpo.make_scorer(str(tmp_path / "rm"), args, rt)
+    score = plumbing.make_scorer(str(tmp_path / "rm"), args, rt)
     real, sizes = LlamaForSequenceClassification.forward, []
 
     def counting(self, input_ids=None, **kw):
@@ -345,7 +346,7 @@ def test_reward_models_score_in_batches_and_running_out_of_memory_names_the_flag
     assert sizes == [3, 3, 1] and len(scores) == 7 and all(math.isfinite(s) for s in scores)
     with mock.patch.object(LlamaForSequenceClassification, "forward", side_effect=torch.OutOfMemoryError("CUDA")):
         with pytest.raises(SystemExit) as stopped:  # not a bad sample to retry one at a time: a one-line stop
-            dpo.score_samples("rm", score, ["1+1="] * 7, ["2"] * 7, {})
+            plumbing.score_samples("rm", score, ["1+1="] * 7, ["2"] * 7, {})
     assert stopped.value.code == (
         f"{tmp_path / 'rm'}: out of memory scoring 3 sequences at once; lower --reward_batch_size"
     )
@@ -362,7 +363,7 @@ def test_generate_calls_hold_at_most_generation_batch_size_sequences(toy):
         return real(self, input_ids=input_ids, num_return_sequences=num_return_sequences, **kw)
 
     with mock.patch.object(LlamaForCausalLM, "generate", counting):
-        out, _ = dpo.generate(model, tok, [tok("12+34=")["input_ids"]] * 10, 4, args, greedy=False, seed=0)
+        out, _ = plumbing.generate(model, tok, [tok("12+34=")["input_ids"]] * 10, 4, args, greedy=False, seed=0)
     assert len(out) == 40 and sizes == [8] * 5
 
 

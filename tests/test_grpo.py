@@ -17,9 +17,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import plumbing
 import toy_task
 from grpo_humanline import (
     Args,
+    ReferenceModel,
     best_worst_pairs,
     collate,
     group_advantages,
@@ -27,12 +29,11 @@ from grpo_humanline import (
     grpo_loss,
     micro_batches,
     optimizer_step,
-    reference_ahead,
-    sample_and_score,
     token_logps,
 )
 from math_rewards import accuracy_reward, format_reward, tag_count_reward
 from math_rewards import default_weights as default_reward_weights
+from plumbing import sample_and_score
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -353,7 +354,7 @@ def test_sync_every_3_copies_pre_or_post_update(sync):
     for t in range(7):
         policy(torch.full((1, 3), float(t + 1))).pow(2).sum().backward()
         before, ref_before = weights(policy), weights(ref)
-        optimizer_step(policy, ref, opt, sched, 1e9, sync, 3, t)
+        optimizer_step(policy, ReferenceModel(ref, None), opt, sched, 1e9, sync, 3, t)
         after = weights(policy)
         assert not same(before, after)
         if not same(weights(ref), ref_before):
@@ -425,18 +426,23 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
         head_dtype=torch.float32,
         logps_temperature=1.0,
     )
-    state = SimpleNamespace(step=3, round_start=3, ref_ahead={}, ref_weights=None)
     step_batch = lambda s: seqs[(s - 3) * 4 : (s - 2) * 4] if s - 3 < 2 else None  # noqa: E731 (the buffer: steps 3, 4)
 
     def forwards(batch, args, rank, world):
         return [(m, [x[:2] for x in m]) for m in micro_batches(batch, args, rank, world)]
 
-    reference_ahead(model.train(), state, 3, step_batch, forwards, tok, args, rt)
-    assert sorted(state.ref_ahead) == [3, 4] and model.training
+    def step_inputs(s):
+        batch = step_batch(s)
+        return batch and [collate(q, tok.pad_token_id, "cpu") for _, q in forwards(batch, args, rank, world)]
+
+    reference = plumbing.PolicyAsReference(model.train(), step_inputs, token_logps, rt, "none", 1, args.max_steps)
+    reference.reset(model, step=3)
+    ahead = reference.held["ahead"]
+    assert sorted(ahead) == [3, 4] and model.training
     for s in (3, 4):
         micro = forwards(step_batch(s), args, rank, world)
-        assert len(state.ref_ahead[s]) == len(micro) == 2 // world
-        for (_, sequences), got in zip(micro, state.ref_ahead[s]):
+        assert len(ahead[s]) == len(micro) == 2 // world
+        for (_, sequences), got in zip(micro, ahead[s]):
             with torch.no_grad():
                 expected = token_logps(model, *collate(sequences, tok.pad_token_id, "cpu"))
             assert torch.equal(got, expected)

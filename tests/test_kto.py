@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import kto_humanline as kto
+import plumbing
 import toy_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +175,7 @@ ARGS = SimpleNamespace(max_prompt_length=512, max_length=1024)
 
 def encode_examples(rows, tok, args):
     """KTO's examples of unpaired or preference rows: [(prompt_ids, completion_ids, desirable)], and what was cut."""
-    encoded, cut = kto.encode_rows(rows, tok, args, "data.jsonl", unpaired_ok=True)
+    encoded, cut = plumbing.encode_rows(rows, tok, args, "data.jsonl", unpaired_ok=True)
     return [(p, c, d) for p, cs, ds in encoded for c, d in zip(cs, ds)], cut
 
 
@@ -231,7 +232,7 @@ def sync_run(sync, sync_every, steps):
     for step in range(steps):
         policy(torch.ones(1, 2)).sum().backward()
         before = policy.weight.detach().clone()
-        kto.optimizer_step(policy, ref, optimizer, scheduler, 1e9, sync, sync_every, step)
+        kto.optimizer_step(policy, kto.ReferenceModel(ref, None), optimizer, scheduler, 1e9, sync, sync_every, step)
         out.append((before, policy.weight.detach().clone(), ref.weight.clone()))
     return initial, out
 

@@ -26,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import dpo_humanline
+import plumbing
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -209,8 +210,8 @@ def test_ref_free_resumes_exactly_in_the_middle_of_a_sync_period(run, tmp_path):
     shutil.rmtree(resumed / "checkpoint-9")
     with pytest.raises(SystemExit, match="--ref_free on"):  # the checkpoint holds no reference model
         run_in_process("dpo_humanline.py", [*flags, "--ref_free", "off", "--resume"], resumed)
-    state = torch.load(resumed / "checkpoint-6" / "state-rank0.pt", weights_only=True)["state"]
-    assert sorted(state["ref_ahead"]) == [6, 7]  # 0-based steps 6 and 7 are the 7th and 8th
+    held = torch.load(resumed / "checkpoint-6" / "state-rank0.pt", weights_only=True)["ref"]
+    assert sorted(held["ahead"]) == [6, 7]  # 0-based steps 6 and 7 are the 7th and 8th
     new = steps(run_in_process("dpo_humanline.py", [*flags, "--resume"], resumed)[0])
     assert [r["step"] for r in new] == list(range(1, 10))
     assert_same_training(steps(full), new, 9, rel=1e-6, abs_=1e-9)
@@ -257,17 +258,10 @@ def test_kept_weights_survive_a_resume(run, tmp_path):
     resumed = tmp_path / "run"
     shutil.copytree(out, resumed)
     shutil.rmtree(resumed / "checkpoint-6")
-    state = torch.load(resumed / "checkpoint-4" / "state-rank0.pt", weights_only=True)["state"]
-    assert state["ref_weights"] is not None and not state["ref_ahead"]
+    held = torch.load(resumed / "checkpoint-4" / "state-rank0.pt", weights_only=True)["ref"]
+    assert held["weights"] is not None and held["steps"] == [4, 5] and not held["ahead"]
     new = steps(run_in_process("grpo_humanline.py", [*flags, "--resume"], resumed)[0])
     assert_same_training(steps(full), new, 6, rel=1e-6, abs_=1e-9)
-
-
-def test_sync_into_no_reference_is_a_no_op():
-    policy = torch.nn.Linear(2, 2)
-    before = [p.clone() for p in policy.parameters()]
-    dpo_humanline.sync_reference(None, policy)
-    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
 
 @pytest.mark.parametrize(
@@ -275,16 +269,15 @@ def test_sync_into_no_reference_is_a_no_op():
     [
         ("humanline", 4, 0, {0: [0, 1, 2, 3], 3: [4, 5, 6, 7], 7: [8, 9, 10, 11]}),
         ("humanline", 1, 0, {0: [0, 1], **{t: [t + 1] for t in range(1, 11)}}),
-        ("trust_region", 4, 0, {0: [0, 1, 2, 3], 4: [4, 5, 6, 7], 8: [8, 9, 10, 11]}),
+        ("trust_region", 4, 0, {0: [0, 1, 2, 3], 3: [4, 5, 6, 7], 7: [8, 9, 10, 11]}),  # after the update
         ("none", 1, 0, {0: list(range(12))}),
         ("humanline", 4, 5, {5: [5, 6, 7], 7: [8, 9, 10, 11]}),  # a round started at step 5
     ],
 )
-def test_reference_ahead_computes_each_batch_once_when_its_reference_is_the_policy(sync, k, reset, expected, toy):
-    """Which steps' log-probs the policy computes at the start of each step (0 to 11 of 12): exactly the steps whose
-    reference it is, or is about to be synced into."""
+def test_the_policy_computes_each_batch_once_where_the_reference_would_take_its_weights(sync, k, reset, expected, toy):
+    """Which steps' log-probs the policy computes during each step (0 to 11 of 12): at the reset, the steps up to the
+    first sync; at each sync (in optimizer_step, before or after the update), the k steps it serves."""
     model = AutoModelForCausalLM.from_pretrained(toy.model)
-    args = SimpleNamespace(sync=sync, sync_every=k, max_steps=12)
     rt = SimpleNamespace(
         rank=0,
         world=1,
@@ -293,22 +286,18 @@ def test_reference_ahead_computes_each_batch_once_when_its_reference_is_the_poli
         head_dtype=torch.float32,
         logps_temperature=1.0,
     )
-    forwards = lambda batch, args, rank, world: [(None, batch)]  # noqa: E731
-    state, got = SimpleNamespace(ref_ahead={}, ref_weights=None), {}
+    batches = lambda s: [dpo_humanline.collate([([1, 2], [3, 4 + s % 5])], 0, "cpu")]  # noqa: E731
+    reference = plumbing.PolicyAsReference(model, batches, dpo_humanline.token_logps, rt, sync, k, max_steps=12)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    got, ahead = {}, reference.held["ahead"]
     for step in range(reset, 12):
-        state.step, before = step, set(state.ref_ahead)
-        dpo_humanline.reference_ahead(
-            model,
-            state,
-            reset,
-            lambda s: [([1, 2], [3, 4 + s % 5])],
-            forwards,
-            SimpleNamespace(pad_token_id=0),
-            args,
-            rt,
-        )
-        if set(state.ref_ahead) - before:
-            got[step] = sorted(set(state.ref_ahead) - before)
+        before = set(ahead)
+        if step == reset:
+            reference.reset(model, step=step)
+        dpo_humanline.optimizer_step(model, reference, opt, sched, 1e9, sync, k, step)
+        if set(ahead) - before:
+            got[step] = sorted(set(ahead) - before)
     assert got == expected
 
 

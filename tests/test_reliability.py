@@ -32,6 +32,9 @@ import torch
 from conftest import make_session
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import plumbing
+import toy_task
+
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
@@ -232,7 +235,7 @@ def tok(toy):
 
 def encode_rows(script, rows, tok):
     m = MODULES[script]
-    return m.encode_rows(rows, tok, m.Args(), "data.jsonl", unpaired_ok=script == "kto_humanline.py")
+    return plumbing.encode_rows(rows, tok, m.Args(), "data.jsonl", unpaired_ok=script == "kto_humanline.py")
 
 
 @pytest.mark.parametrize("case", list(BAD_PAIRS))
@@ -257,8 +260,8 @@ def test_bad_prompts_for_sampling_or_evaluation_are_named(script, tok):
     m = MODULES[script]
     for prompt, message in [(None, "missing"), ("", "empty text"), ([{"role": "user"}], "content must be a string")]:
         with pytest.raises(SystemExit) as e:
-            m.as_text(
-                m.prompt_row({"prompt": prompt}, "prompts.jsonl: row 1", m.Args())["prompt"],
+            plumbing.as_text(
+                plumbing.prompt_row({"prompt": prompt}, "prompts.jsonl: row 1", m.Args())["prompt"],
                 "prompts.jsonl: row 1, column 'prompt'",
                 tok,
             )
@@ -334,7 +337,7 @@ def test_a_local_file_must_be_plain_data(tmp_path):
         path.write_bytes(b"not read")
         for m in MODULES.values():
             with pytest.raises(SystemExit, match="must be a .json, .jsonl, .parquet or .csv file"):
-                m.load_data(m.Args(dataset=str(path)), "preferences", None, None, None)
+                plumbing.load_data(m.Args(dataset=str(path)), "preferences", None, None, None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -353,11 +356,11 @@ def test_score_samples_finds_each_bad_reward(script):
             {"nan": math.nan, "none": None, "inf": -math.inf, "text": "high"}.get(c, len(c) / 10) for c in completions
         ]
 
-    scores, bad = m.score_samples("mine", scorer, ["p"] * 6, ["ab", "nan", "none", "boom", "inf", "text"], {})
+    scores, bad = plumbing.score_samples("mine", scorer, ["p"] * 6, ["ab", "nan", "none", "boom", "inf", "text"], {})
     assert scores == [0.2, None, None, None, None, None]
     assert list(bad) == [1, 2, 3, 4, 5]
     assert bad[3] == "reward mine of prompt 'p' raised RuntimeError: scorer crashed" and bad[1].endswith("is nan")
-    scores, bad = m.score_samples(
+    scores, bad = plumbing.score_samples(
         "one", lambda p, c, **k: [1.0], ["p"] * 2, ["a", "b"], {}
     )  # wrong length: each sample alone
     assert scores == [1.0, 1.0] and not bad
@@ -450,12 +453,14 @@ def test_a_non_finite_gradient_skips_the_step(script, toy):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
     ids = torch.tensor([[3, 4, 13, 5, 14]])
     policy(input_ids=ids).logits.pow(2).mean().backward()
-    m.optimizer_step(policy, ref, opt, sched, 1.0, "humanline", 1, 0)  # a good step: optimizer state exists
+    m.optimizer_step(
+        policy, m.ReferenceModel(ref, None), opt, sched, 1.0, "humanline", 1, 0
+    )  # a good step: optimizer state exists
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     opt_before = {k: {n: t.clone() for n, t in s.items()} for k, s in opt.state.items()}
     for skip, poison in ((False, math.nan), (False, math.inf), (True, 1.0)):
         (policy(input_ids=ids).logits.pow(2).mean() * poison).backward()
-        norm, _ = m.optimizer_step(policy, ref, opt, sched, 1.0, "humanline", 1, 1, skip=skip)
+        norm = m.optimizer_step(policy, m.ReferenceModel(ref, None), opt, sched, 1.0, "humanline", 1, 1, skip=skip)
         assert skip or not torch.isfinite(norm)
         assert all(p.grad is None for p in policy.parameters())  # dropped
         assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items())  # no update
@@ -497,8 +502,8 @@ def uninterrupted(toy, tmp_path_factory):
 def test_truncation_is_counted_and_reported(uninterrupted, tok):
     m = MODULES["dpo_humanline.py"]
     args = m.Args(max_length=40, max_prompt_length=20)
-    with open(m.toy_task.load().offline["strong"]) as f:
-        _, counts = m.encode_rows([json.loads(line) for line in f], tok, args, "toy")
+    with open(toy_task.load().offline["strong"]) as f:
+        _, counts = plumbing.encode_rows([json.loads(line) for line in f], tok, args, "toy")
     assert counts["completions"] > 0
     assert f": {counts} (cut to --max_prompt_length, --max_length" in uninterrupted[1]
 
@@ -515,9 +520,9 @@ def test_ctrl_c_stops_like_sigterm_and_a_second_one_stops_at_once(tmp_path, toy)
     # a second Ctrl-C while the first waits for the step to end stops at once (called here directly: two signals sent
     # back to back reach a process as one)
     session = SimpleNamespace(stop=[], rt=SimpleNamespace(rank=1))
-    MODULES["dpo_humanline.py"].Session.interrupt(session, signal.SIGINT, None)
+    plumbing.Session.interrupt(session, signal.SIGINT, None)
     with pytest.raises(SystemExit) as stopped:
-        MODULES["dpo_humanline.py"].Session.interrupt(session, signal.SIGINT, None)
+        plumbing.Session.interrupt(session, signal.SIGINT, None)
     assert stopped.value.code == "interrupted twice: stopped without a checkpoint" and session.stop == [signal.SIGINT]
 
 
@@ -802,7 +807,7 @@ def test_a_hung_then_dead_process_stops_the_run_within_the_timeout(tmp_path, toy
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_remote_code_is_off_unless_the_flag_is_given(script):
     assert MODULES[script].Args().trust_remote_code is False
-    tree = ast.parse(open(os.path.join(ROOT, script)).read())
+    tree = ast.parse(open(os.path.join(ROOT, script)).read() + open(os.path.join(ROOT, "plumbing.py")).read())
     calls = [
         n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "from_pretrained"
     ]
@@ -814,7 +819,7 @@ def test_remote_code_is_off_unless_the_flag_is_given(script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_training_state_is_loaded_with_weights_only_and_nothing_is_unpickled(script):
-    tree = ast.parse(open(os.path.join(ROOT, script)).read())
+    tree = ast.parse(open(os.path.join(ROOT, script)).read() + open(os.path.join(ROOT, "plumbing.py")).read())
     calls = {ast.unparse(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
     loads = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.load"]
     assert loads and all(
@@ -860,10 +865,10 @@ def test_resume_keeps_the_metrics_up_to_its_step_and_drops_a_line_cut_short(scri
     path = str(tmp_path / "metrics.jsonl")
     with open(path, "w") as f:
         f.write('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n{"step": 3, "loss": 0.4}\n{"step": 4, "lo')
-    with MODULES[script].open_metrics(path, 2) as f:  # resumed from checkpoint-2
+    with plumbing.open_metrics(path, 2) as f:  # resumed from checkpoint-2
         f.write('{"step": 3, "loss": 0.3}\n')
     assert [(r["step"], r["loss"]) for r in records(str(tmp_path))] == [(1, 1.0), (2, 0.5), (3, 0.3)]
-    with MODULES[script].open_metrics(path, 0):  # a new run starts afresh
+    with plumbing.open_metrics(path, 0):  # a new run starts afresh
         pass
     assert records(str(tmp_path)) == [] and os.listdir(tmp_path) == ["metrics.jsonl"]
 
@@ -874,7 +879,10 @@ def test_each_seed_has_its_own_random_streams(script):
     none of seed 0's streams (with seed + epoch it replayed them one epoch later)."""
     m = MODULES[script]
     seeds = {
-        (seed, stream, i): m.stream_seed(seed, stream, i) for seed in range(4) for stream in m.STREAMS for i in range(4)
+        (seed, stream, i): plumbing.stream_seed(seed, stream, i)
+        for seed in range(4)
+        for stream in plumbing.STREAMS
+        for i in range(4)
     }
     assert len(set(seeds.values())) == len(seeds)  # all distinct
     examples = list(range(64))
@@ -882,11 +890,11 @@ def test_each_seed_has_its_own_random_streams(script):
         assert all(
             m.offline_batch(examples, 8 * epoch, 64, 1) != m.offline_batch(examples, 8 * e, 64, 0) for e in range(4)
         )
-    assert m.round_prompts(64, 64, 0, 1) != m.round_prompts(64, 64, 1, 0)
+    assert plumbing.round_prompts(64, 64, 0, 1) != plumbing.round_prompts(64, 64, 1, 0)
     import numpy as np  # the documented recipe: child `stream` of SeedSequence(seed), its grandchild `index`
 
-    child = np.random.SeedSequence(3).spawn(len(m.STREAMS))[m.STREAMS.index("sampling")]
-    assert m.stream_seed(3, "sampling", 2) == int(child.spawn(3)[2].generate_state(1)[0])
+    child = np.random.SeedSequence(3).spawn(len(plumbing.STREAMS))[plumbing.STREAMS.index("sampling")]
+    assert plumbing.stream_seed(3, "sampling", 2) == int(child.spawn(3)[2].generate_state(1)[0])
 
 
 def test_args_json_records_the_code_that_ran(tmp_path, toy):

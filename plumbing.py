@@ -1,0 +1,955 @@
+"""How a run is kept, the same for dpo_humanline.py, kto_humanline.py and grpo_humanline.py: the argument checks and
+the run-management flags, seeds and provenance, Hugging Face loading (one process reads the weights), every data
+format and its one-line errors, scorers, generation and evaluation, the reference-free way to hold the reference,
+checkpoints and resume, metrics.jsonl and trackers, signals.
+
+Nothing here decides what a training step computes: the loss, the reference and its sync, batching and log-probs, the
+sharding, the optimizer and the loop are in each script, in run order. This module is imported rather than copied
+(as CleanRL's scripts import cleanrl_utils) because it is the same for the three methods: a fix is made once. It
+imports no script; a script passes it what it needs of its own (its Args, token_logps, a step's batches).
+"""
+
+import hashlib
+import importlib
+import itertools
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import transformers
+from tqdm.auto import tqdm
+
+import math_rewards
+import memory_plan
+import toy_task
+
+
+def arg(default, help):  # a flag: its default and its --help line
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RunArgs:
+    """The flags of how a run is kept: data formats, evaluation, checkpoints, logging, processes and precision; each
+    script's Args (the method, its data and optimisation, humanline, sampling) extends them."""
+
+    eval_prompts: str = arg("toy", "Held-out prompts: 'toy' (test split), 'toy:valid', a hub name, a file, or 'none'.")
+    as_chat: bool = arg(False, "Wrap plain-string prompts as a user message (chat template).")
+    system_prompt: str = arg("", "With --as_chat, a system message first ('r1': Open-R1's prompt).")
+    trust_remote_code: bool = arg(False, "Allow custom model code from the hub.")
+    on_bad_reward: Literal["drop", "stop"] = arg(
+        "drop", "A reward that is NaN, None or raises: drop that sample (counted), or stop the run."
+    )
+    max_bad_steps: int = arg(3, "Steps with a non-finite loss are skipped; this many in a row stop the run.")
+    generation_batch_size: int = arg(512, "Sequences per generate() call per process (KV cache).")
+    reward_batch_size: int = arg(16, "Sequences per reward-model forward.")
+    eval_every: int = arg(20, "Evaluate at step 0 and every N steps (0: only at the end).")
+    num_eval_prompts: int = arg(256, "Held-out prompts per evaluation.")
+    output_dir: str = arg("", "Default: runs/<script>-<mode>-seed<seed>.")
+    save_every: int = arg(50, "Checkpoint every N steps (0: only at the end).")
+    save_total_limit: int = arg(0, "Keep only the newest N checkpoints (0: all).")
+    resume: bool = arg(False, "Continue from the newest checkpoint in --output_dir.")
+    overwrite_output_dir: bool = arg(False, "Replace the run in --output_dir (else another run's folder is refused).")
+    report_to: str = arg("none", "Also log to tensorboard, wandb, or both (tensorboard,wandb); metrics.jsonl always.")
+    log_every: int = arg(1, "Write metrics every N steps.")
+    dist_timeout: int = arg(1800, "Seconds a collective waits: a dead process stops the run.")
+    plan_only: bool = arg(False, "Print the memory plan per GPU for these flags and exit (loads no weights).")
+    precision: Optional[Literal["bf16", "fp32"]] = arg(
+        None, "Compute dtype; unset: bf16 on a GPU, else fp32 (weights, gradients and AdamW stay fp32)."
+    )
+    fp32_head: bool = arg(True, "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16).")
+
+
+def every(step, n):  # step is a multiple of n (n = 0: never)
+    return bool(n) and step % n == 0
+
+
+# arguments, seeds, provenance
+def parse_args(Args, name, checks):
+    """Parse the flags, derive the mode, check every argument: a bad one stops the run with one line naming it."""
+    parser = transformers.HfArgumentParser(Args)
+    parser.error = lambda message: fail(True, message)  # one line, not argparse's usage block (e.g. a bad choice)
+    parser.allow_abbrev = False  # --max_step is a typo, not --max_steps
+    signal.signal(signal.SIGINT, lambda *_: fail(True, "interrupted before training began"))  # no traceback
+    args, unknown = parser.parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
+    fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
+    given = {f.name for f in fields(Args) if getattr(args, f.name) != f.default}  # set to other than their default
+    explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
+    means = f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline"
+    fail(args.humanline and explicit, means)
+    fail(args.offline and args.online, "choose one of --offline and --online")
+    args.offline = not args.online
+    args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
+    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
+    if args.micro_batch_size is None:  # one forward per process and step
+        args.micro_batch_size = max(1, args.batch_size // world)
+    positive = "max_steps batch_size micro_batch_size sync_every max_bad_steps round_size max_new_tokens log_every "
+    for rule, ok, flags in [
+        ("at least 1", lambda v: v is None or v >= 1, positive + "generation_batch_size reward_batch_size"),
+        ("at least 1", lambda v: v >= 1, "num_eval_prompts max_prompt_length dist_timeout"),
+        ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
+        ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay seed"),
+        ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"),
+        ("in (0, 1]", lambda v: 0 < v <= 1, "top_p"),
+    ]:
+        for flag in flags.split():
+            fail(not ok(getattr(args, flag)), f"--{flag} must be {rule}, got {getattr(args, flag)}")
+    fail(args.sync == "none" and args.sync_every != 1, f"--sync_every {args.sync_every} needs --sync or --humanline")
+    trackers = f"--report_to {args.report_to}: none, tensorboard, wandb or tensorboard,wandb"
+    fail(not set(args.report_to.split(",")) <= {"none", "tensorboard", "wandb"}, trackers)
+    fail(args.system_prompt and not args.as_chat, "--system_prompt needs --as_chat (it is the chat's system message)")
+    bounds = f"--log_eps_P < 0 < --log_eps_R is needed, got {args.log_eps_P}, {args.log_eps_R}"
+    fail(not args.log_eps_P < 0 < args.log_eps_R, bounds)
+    lengths = f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length})"
+    fail(args.max_prompt_length >= args.max_length, lengths)
+    longest = args.max_prompt_length + args.max_new_tokens
+    cut = f"--max_prompt_length + --max_new_tokens = {longest} is above --max_length {args.max_length}: samples would"
+    fail(args.online and longest > args.max_length, cut + " be cut before training")
+    batch = f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes"
+    fail(args.batch_size % (args.micro_batch_size * world), f"{batch} = {args.micro_batch_size} x {world}")
+    args.precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
+    for flag in ("model_name_or_path", "dataset", "eval_prompts", "reward_model"):
+        value = getattr(args, flag)  # a path, not a hub name: it starts with ., / or ~ or ends in a data file's suffix
+        local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in SUFFIXES
+        fail(local and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
+        data, folder = flag in ("dataset", "eval_prompts"), os.path.isdir(value) and value != "toy"  # (the built-in)
+        fail(folder and data, f"--{flag} {value}: a directory, not a data file")
+        no_model = f"--{flag} {value}: no config.json, not a model folder (a run's model is written at its end)"
+        fail(folder and not data and not os.path.exists(os.path.join(value, "config.json")), no_model)
+    for bad, message in checks(args, given):
+        fail(bad, message)
+    mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "")
+    mode += f"-every{args.sample_every}" if getattr(args, "sample_every", 1) > 1 else ""
+    mode += "-humanline" * args.humanline
+    if not args.humanline and (args.sync != "none" or args.clip != "none"):
+        mode += f"-sync_{args.sync}-clip_{args.clip}"
+    settings = {k: getattr(args, k) for k in sorted(given - set(RESUMABLE) - set(MODE))}  # the rest, by their digest
+    tag = "-" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:6] if settings else ""
+    args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}{tag}-seed{args.seed}")
+    plan = memory_plan.report(args, name, world, details=args.plan_only)  # from the configs alone, on every process
+    if args.plan_only:  # (so that none is late to the start)
+        print(plan)
+        sys.exit(0)
+    rank0 = int(os.environ.get("RANK", 0)) == 0  # (another node's processes may not see the folder: Session says so)
+    fail(rank0 and args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
+    taken = os.path.exists(os.path.join(args.output_dir, "args.json")) and rank0
+    replace = "holds another run: --resume continues it, --overwrite_output_dir replaces it"
+    fail(taken and not (args.resume or args.overwrite_output_dir), f"--output_dir {args.output_dir} {replace}")
+    if rank0:
+        print(plan)
+    parent = args.output_dir  # it is made when training starts: now, check that it can be
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent) or "."
+    writable = os.path.isdir(parent) and os.access(parent, os.W_OK)
+    fail(not writable, f"--output_dir {args.output_dir}: not a writable folder")
+    return args
+
+
+def fail(condition, message):
+    if condition:
+        raise SystemExit(message)
+
+
+STREAMS = ("init", "data", "prompts", "sampling", "shuffle", "rejection")
+SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}  # local data files
+
+
+def stream_seed(seed, stream, *index):
+    """The seed of one random stream of a run (data order of epoch i, sampling of round i, ...): numpy's SeedSequence
+    hashes (seed, stream, index), so no two seeds share a stream (seed + i would replay seed + 1's, shifted)."""
+    return int(np.random.SeedSequence(seed, spawn_key=(STREAMS.index(stream), *index)).generate_state(1)[0])
+
+
+def provenance():
+    """What ran, for args.json: the git commit, whether the code had uncommitted changes, a digest of the code and toy
+    task (the scripts, the modules they import, toy/SHA256SUMS) and the library versions."""
+    here, files = os.path.dirname(os.path.abspath(__file__)), [f"{a}_humanline.py" for a in ("dpo", "kto", "grpo")]
+    files += ["humanline_sampling.py", "math_rewards.py", "toy_task.py", "toy/SHA256SUMS"]
+
+    def git(*a):
+        return subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=30).stdout.strip()
+
+    try:
+        commit, dirty = git("rev-parse", "HEAD") or None, bool(git("status", "--porcelain", "--", *files))
+    except (OSError, subprocess.SubprocessError):  # no git: no commit
+        commit, dirty = None, None
+    code = b"".join(open(os.path.join(here, f), "rb").read() for f in files if os.path.exists(os.path.join(here, f)))
+    versions = dict(torch=torch.__version__, transformers=transformers.__version__)
+    return dict(commit=commit, dirty=dirty, code=hashlib.sha256(code).hexdigest()[:16], **versions)
+
+
+def load_tokenizer(args):
+    names = (args.model_name_or_path, args.dataset, args.eval_prompts)
+    toy = toy_task.load() if any(v == "toy" or v.startswith("toy:") for v in names) else None  # digests checked
+    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
+    tokenizer = pretrained(transformers.AutoTokenizer, name, args)
+    tokenizer.pad_token, tokenizer.padding_side = tokenizer.pad_token or tokenizer.eos_token, "right"
+    return tokenizer, toy
+
+
+def pretrained(cls, name, args, **kwargs):
+    try:
+        return cls.from_pretrained(name, trust_remote_code=args.trust_remote_code, **kwargs)
+    except (OSError, ValueError) as e:  # not found, no network, not a model of that kind
+        raise SystemExit(f"{name}: {str(e).strip().splitlines()[0]}") from None
+
+
+def build_model(args, toy, rt):
+    """A causal LM with fp32 weights, dropout off unless --keep_dropout (with k = 1 the log-ratio of two consecutive
+    policies would be mostly dropout noise), --gradient_checkpointing applied. One process reads the weights; with
+    several the model is built on the meta device, for the script to shard and load_shards to fill."""
+    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
+    config = pretrained(transformers.AutoConfig, name, args)
+    if not rt.distributed:
+        model = pretrained(transformers.AutoModelForCausalLM, name, args, dtype=torch.float32).to(rt.device)
+    else:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, trust_remote_code=args.trust_remote_code
+            )
+        # known and harmless: the first hidden state transformers returns is a view, and nothing writes to it in place
+        warnings.filterwarnings("ignore", r"FSDP2-wrapped module \(\w+\) returned a view tensor", UserWarning)
+    model.export_dtype = config.dtype or torch.float32  # checkpoints are written in the model's own dtype
+    for module in model.modules() if not args.keep_dropout else ():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):  # attention dropout passed to the kernel
+            module.attention_dropout = 0.0
+    if args.gradient_checkpointing:  # each decoder layer recomputed in the backward: one layer's activations, not all
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def load_shards(model, args, toy, rt):
+    """Fill a model sharded on the meta device: process 0 reads the file, and each tensor is broadcast a tensor at a
+    time and cut to shards; buffers the file does not hold (rotary tables) are broadcast by name."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
+    full = pretrained(transformers.AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
+    outside = [k for k, _ in model.named_buffers() if k not in model.state_dict()]
+    model.to_empty(device=rt.device)  # this process's shards, allocated: the file's values are copied into them
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full.state_dict() if full else {}, options=options)
+    model.tie_weights()
+    for key, buffer in [(k, b) for k, b in model.named_buffers() if k in outside]:
+        value = full.get_buffer(key).to(rt.device) if full else torch.empty_like(buffer, device=rt.device)
+        dist.broadcast(value, src=0)
+        module, _, attr = key.rpartition(".")
+        model.get_submodule(module).register_buffer(attr, value, persistent=False)
+
+
+def check_logps(model, args, toy, rt, token_logps):
+    """What training reads must be the model's own log-probs: a family that changes its logits in a way the script's
+    token_logps does not (it applies the head's bias, a logit scale and a softcap) stops here, before any step."""
+    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
+    ids = torch.arange(3, 11, device=rt.device)[None] % model.config.get_text_config().vocab_size
+    try:
+        with torch.no_grad(), rt.autocast:
+            own = model.eval()(input_ids=ids).logits[0, :-1].float().log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+            ours = token_logps(model, ids, torch.ones_like(ids), torch.ones(ids.shape, device=rt.device), rt.head_dtype)
+    except (TypeError, AttributeError, ValueError) as e:  # no hidden states, no logits_to_keep, no output embeddings
+        raise SystemExit(f"{name}: token_logps cannot read this model: {type(e).__name__}: {str(e).splitlines()[0]}")
+    if hasattr(model, "reshard"):  # FSDP2 leaves the root gathered after a no-grad forward: the optimizer takes shards
+        model.reshard()
+    exact = rt.dtype == rt.head_dtype == torch.float32  # else one of the two heads rounds its logits to bf16
+    gap, tolerance = (own - ours[0]).abs().max().item(), 1e-3 if exact else 0.5
+    fail(not gap <= tolerance, f"{name}: the log-probs token_logps computes differ from the model's own by {gap:.3g}")
+
+
+def plan_run(args, rows, per_step, unit, rank):
+    """--max_steps unset: one pass over the data, `rows` at `per_step` a step (on the built-in toy data 120 steps, the
+    length of the committed figures). Prints the run's plan."""
+    toy = args.dataset == "toy" or args.dataset.startswith("toy:")
+    args.max_steps = args.max_steps or (120 if toy else max(1, rows // per_step))
+    passes = args.max_steps * per_step / rows
+    if rank == 0:
+        print(f"run: {args.max_steps} steps x {per_step} {unit} = {passes:.2f} passes over {rows} {unit}")
+
+
+# data
+def load_data(args, kind, tokenizer, toy, rt, need=1):
+    """kind 'preferences' or 'examples' (unpaired rows allowed): encoded rows of --dataset (encode_rows); 'prompts',
+    'eval': prompt rows of --dataset or --eval_prompts (at most --num_eval_prompts). Only 'toy' and 'toy:<source>'
+    name the built-in data. A bad row stops the run, naming file, row and column; so do fewer than `need` rows."""
+    name = args.eval_prompts if kind == "eval" else args.dataset
+    if name == "none" and kind == "eval":
+        return []
+    if name == "toy" or name.startswith("toy:"):
+        source = name.partition(":")[2]
+        if kind == "eval":
+            files = {"": toy.prompts_test, "test": toy.prompts_test, "valid": toy.prompts_valid}
+            fail(source not in files, f"{name}: the toy's held-out prompts are toy (its test split) and toy:valid")
+        else:
+            files = {"": toy.offline["strong"]} | toy.offline
+            files = {s: toy.prompts_train if kind == "prompts" else path for s, path in files.items()}
+            fail(source not in files, f"{name}: the toy datasets are toy (= toy:strong) and toy:weak")
+        name = files[source]
+    import datasets
+
+    datasets.disable_progress_bars()
+    split = "test" if kind == "eval" else args.dataset_split
+    try:
+        if os.path.isfile(name):  # a local file: plain data formats only, nothing is unpickled
+            suffix = os.path.splitext(name)[1]
+            fail(suffix not in SUFFIXES, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
+            with open(name, "rb") as f:
+                fail(not f.read(4096).strip(), f"{name}: no rows")
+            split = "train" if kind == "eval" else split  # a file's one split
+            rows = datasets.load_dataset(SUFFIXES[suffix], data_files=name, split=split).to_list()
+        else:
+            rows = datasets.load_dataset(name, split=split).to_list()
+    except Exception as e:  # noqa: BLE001 (malformed file, unknown dataset, no network: one line)
+        cause = e.__cause__ or e
+        raise SystemExit(f"{name}: {type(cause).__name__}: {(str(cause).strip() or ' ').splitlines()[0]}") from None
+    fail(not rows, f"{name}: no rows")
+    if kind in ("preferences", "examples"):
+        encoded, cut = encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
+    else:
+        encoded = [prompt_row(r, f"{name}: row {i}", args) for i, r in enumerate(rows)]
+        encoded = encoded[: args.num_eval_prompts if kind == "eval" else None]
+        texts = [as_text(r["prompt"], f"{name}: row {i}, column 'prompt'", tokenizer) for i, r in enumerate(encoded)]
+        cut = {"prompts": sum(len(prompt_ids(tokenizer, t)) > args.max_prompt_length for t in texts)}
+    fail(len(encoded) < need, f"{name}: {len(encoded)} rows, fewer than the {need} that one batch or round takes")
+    if any(cut.values()) and rt.rank == 0:
+        print(f"{name}: {cut} (cut to --max_prompt_length, --max_length; unknown: what the tokenizer cannot encode)")
+    return encoded
+
+
+def prompt_row(row, where, args):
+    """A prompt row: 'prompt' (or a math dataset's 'problem'), wrapped as a conversation with --as_chat, with the
+    row's other columns (e.g. solution), which go to every scorer."""
+    prompt = row.get("prompt", row.get("problem"))
+    fail(prompt is None, f"{where}: missing column 'prompt' (or 'problem')")
+    if args.as_chat and isinstance(prompt, str):
+        system = math_rewards.SYSTEM_PROMPTS.get(args.system_prompt, args.system_prompt)
+        prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return {**row, "prompt": prompt}
+
+
+def split_prompt(prompt, completions, where):
+    """TRL's dataset formats in one shape: (prompt, completions). Completions that hold whole conversations (with
+    no prompt, a text prompt, or one they repeat) are split after their shared first turns (with one completion:
+    all but its last turn); text completions without a prompt after their common prefix, cut back to a space."""
+    conversations = all(isinstance(c, list) for c in completions)
+    repeated = isinstance(prompt, list) and all(c[: len(prompt)] == prompt for c in completions)
+    if conversations and (repeated or not isinstance(prompt, list)):
+        shared = (j for j, turns in enumerate(zip(*completions)) if turns.count(turns[0]) < len(turns))
+        n = len(completions[0]) - 1 if len(completions) == 1 else next(shared, min(map(len, completions)))
+    elif prompt is None and all(isinstance(c, str) for c in completions) and len(completions) > 1:
+        n = os.path.commonprefix(completions).rfind(" ")  # the space starts the completion, as a tokenizer splits words
+    else:
+        return prompt, completions
+    fail(n <= 0, f"{where}: missing column 'prompt' (and the completions do not begin with a shared prompt)")
+    return completions[0][:n], [c[n:] for c in completions]
+
+
+def as_text(value, where, tokenizer, prompt=None):
+    """A prompt (prompt=None) or a completion of `prompt` as text: strings as they are, a completion with the end
+    token; lists of {"role", "content"} through the chat template, a completion cut out of the whole conversation."""
+    fail(value is None, f"{where}: missing")
+    if isinstance(value, str):
+        fail(not value.strip(), f"{where}: empty text")
+        fail(isinstance(prompt, list), f"{where}: a text completion needs a text prompt")
+        return value if prompt is None else value + tokenizer.eos_token
+    messages = f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}"
+    fail(not isinstance(value, list) or not value, messages)
+    for m in value:
+        role = f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}"
+        fail(not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"), role)
+        content = m.get("content")
+        fail(not isinstance(content, str), f"{where}: message content must be a string, got {content!r}")
+    chat = f"{where}: a conversational completion needs a conversational prompt"
+    fail(prompt is not None and not isinstance(prompt, list), chat)
+    prefix = tokenizer.apply_chat_template(prompt or value, tokenize=False, add_generation_prompt=True)
+    if prompt is None:
+        return prefix
+    full = tokenizer.apply_chat_template(prompt + value, tokenize=False)
+    differs = f"{where}: the chat template renders the prompt differently inside the whole conversation"
+    fail(not full.startswith(prefix), differs + ", so the completion cannot be cut out of it")
+    return full[len(prefix) :]
+
+
+def prompt_ids(tokenizer, prompt_text):
+    """A prompt's token ids, the same in training and generation: special tokens (BOS) unless the template has."""
+    bos = tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token)
+    return tokenizer(prompt_text, add_special_tokens=not bos)["input_ids"]
+
+
+def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
+    """Checked, tokenised rows: (prompt_ids, [completion_ids], labels). A preference row ([prompt,] chosen, rejected)
+    gives [chosen, rejected] labelled [True, False]; an unpaired row ([prompt,] completion, label; if unpaired_ok)
+    [completion], [label]. The prompt keeps its last --max_prompt_length tokens, a completion its first
+    --max_length - prompt: returns (rows, {what: how many were cut, and how many unknown tokens})."""
+    out, cut = [], {"prompts": 0, "completions": 0, "unknown tokens": 0}
+    need = "(rows need [prompt,] chosen, rejected" + (" or [prompt,] completion, label)" if unpaired_ok else ")")
+    for i, row in enumerate(rows):
+        where = f"{source}: row {i}"
+        unpaired = unpaired_ok and (row.get("completion") is not None or row.get("label") is not None)
+        columns = ("completion", "label") if unpaired else ("chosen", "rejected")
+        for column in columns:
+            fail(row.get(column) is None, f"{source}: row {i}: missing column '{column}' {need}")
+        label = f"{source}: row {i}, column 'label': expected a boolean (is the completion desirable?)"
+        fail(unpaired and not isinstance(row["label"], bool), f"{label}, got {row.get('label')!r}")
+        completions = [row[c] for c in columns[: 2 - unpaired]]
+        prompt, completions = split_prompt(row.get("prompt"), completions, where)
+        p = prompt_ids(tokenizer, as_text(prompt, f"{where}, column 'prompt'", tokenizer))
+        texts = [as_text(c, f"{where}, column '{k}'", tokenizer, prompt) for c, k in zip(completions, columns)]
+        limit = min(args.max_prompt_length, args.max_length - 1)  # room for one completion token
+        cut["prompts"] += len(p) > limit
+        p = p[-limit:]
+        completions = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        same = f"{source}: row {i}, columns 'chosen'/'rejected': identical completions"
+        fail(not unpaired and completions[0] == completions[-1], same + " once tokenised" * (texts[0] != texts[-1]))
+        cut["unknown tokens"] += sum(ids.count(tokenizer.unk_token_id) for ids in [p, *completions])
+        cut["completions"] += sum(len(p) + len(c) > args.max_length for c in completions)
+        labels = [row["label"]] if unpaired else [True, False]
+        out.append((p, [c[: args.max_length - len(p)] for c in completions], labels))
+    return out, cut
+
+
+# scoring, generation, evaluation
+def make_scorer(name, args, rt):
+    """reward(prompts, completions, **columns) -> floats: a built-in (toy, toy_verify, tag_count, format, accuracy),
+    module:function (user code, imported from the working directory or PYTHONPATH), or a reward model."""
+    builtin = {"toy": toy_task.reward, "toy_verify": toy_task.verify, **math_rewards.REWARD_FUNCS}
+    if name in builtin:
+        return builtin[name]
+    if ":" in name and not os.path.exists(name):
+        module, _, function = name.partition(":")
+        sys.path.insert(0, os.getcwd())
+        try:
+            return getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError) as e:
+            raise SystemExit(f"{name}: {type(e).__name__}: {e}") from None
+    rm = pretrained(transformers.AutoModelForSequenceClassification, name, args, dtype=rt.dtype).to(rt.device).eval()
+    rm_tok = pretrained(transformers.AutoTokenizer, name, args)
+    rm_tok.pad_token = rm_tok.pad_token or rm_tok.eos_token  # the score is read at each row's last non-pad token
+    rm.config.pad_token_id = rm_tok.pad_token_id
+
+    @torch.no_grad()
+    def score(prompts, completions, **_):
+        """The chat template's rendering (its BOS once) where the RM has one and the prompts are conversations."""
+        chat = rm_tok.chat_template and isinstance(prompts[0], list)
+        turns = [p + [{"role": "assistant", "content": c}] if chat else p + c for p, c in zip(prompts, completions)]
+        texts = [rm_tok.apply_chat_template(t, tokenize=False) if chat else t for t in turns]
+        scores, size = [], args.reward_batch_size
+        for batch in (texts[i : i + size] for i in range(0, len(texts), size)):
+            ids = [prompt_ids(rm_tok, t) for t in batch]
+            enc = rm_tok.pad({"input_ids": ids}, padding_side="right", return_tensors="pt").to(rt.device)
+            try:
+                out = rm(**enc)
+            except torch.OutOfMemoryError:  # a batch too large, not a bad sample (SystemExit passes score_samples)
+                fail(True, f"{name}: out of memory scoring {len(batch)} sequences at once; lower --reward_batch_size")
+            out = out.score if hasattr(out, "score") else out.logits  # ArmoRM's output is .score
+            scores += out.float().reshape(len(batch), -1)[:, 0].tolist()
+        return scores
+
+    return score
+
+
+def score_samples(name, scorer, prompts, completions, columns):
+    """Each sample's reward, or None where it is NaN, inf, None or not a number, or the scorer raises on it (a call
+    that raises is retried one sample at a time). Returns (scores, bad {index: what the scorer did})."""
+
+    def call(idx):
+        given = {k: [v[j] for j in idx] for k, v in columns.items()}
+        out = list(scorer([prompts[j] for j in idx], [completions[j] for j in idx], **given))
+        if len(out) != len(idx):
+            raise ValueError(f"returned {len(out)} rewards for {len(idx)} samples")
+        return out
+
+    try:
+        raw = call(range(len(completions)))
+    except Exception:  # noqa: BLE001 (a scorer is user code: find the samples it fails on)
+        raw = []
+        for j in range(len(completions)):
+            try:
+                raw += call([j])
+            except Exception as e:  # noqa: BLE001 (recorded for --on_bad_reward)
+                raw.append(e)
+    scores, bad = [], {}
+    for j, r in enumerate(raw):
+        try:
+            scores.append(None if isinstance(r, (Exception, str, bytes)) or not math.isfinite(float(r)) else float(r))
+        except (TypeError, ValueError):
+            scores.append(None)
+        if scores[-1] is None:
+            did = f"raised {type(r).__name__}: {r}" if isinstance(r, Exception) else f"is {r!r}"
+            bad[j] = f"reward {name} of prompt {prompts[j]!r} {did}"
+    return scores, bad
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts, n, args, greedy, seed):
+    """n completions per prompt (token ids, grouped per prompt), at most --generation_batch_size sequences per call,
+    with the KV cache, FSDP2's shard groups gathered once for all. A completion stops at an end token (kept; the chat
+    template's end of turn too); one cut at --max_new_tokens has none. Returns (completions, whether each finished)."""
+    model.eval()
+    units = [m for m in model.modules() if hasattr(m, "set_reshard_after_forward")]  # FSDP2's shard groups
+    for m in units:
+        m.set_reshard_after_forward(False, recurse=False)
+    torch.manual_seed(seed)
+    ends = [tokenizer.eos_token_id]
+    if tokenizer.chat_template:  # e.g. <|eot_id|>: the first token after an assistant message
+        turns = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!!"}]
+        text = tokenizer.apply_chat_template(turns, tokenize=False).rsplit("!!", 1)[1]
+        after = tokenizer(text, add_special_tokens=False)["input_ids"][:1]
+        ends += [t for t in after if t in tokenizer.added_tokens_decoder]
+    out, finished, per_call = [], [], max(1, args.generation_batch_size // n)
+    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0)
+    options = dict(max_new_tokens=args.max_new_tokens, eos_token_id=ends, pad_token_id=tokenizer.pad_token_id)
+    options |= dict(do_sample=False) if greedy else sampling
+    calls = range(0, len(prompts), per_call)
+    quiet = len(calls) < 2 or int(os.environ.get("RANK", 0)) > 0  # rank 0 shows progress
+    for i in tqdm(calls, "sampling", leave=False, dynamic_ncols=True, disable=quiet):
+        enc = tokenizer.pad({"input_ids": prompts[i : i + per_call]}, padding_side="left", return_tensors="pt")
+        enc = enc.to(next(model.parameters()).device)
+        try:  # gathered weights: no collective in a forward, so processes need not decode in step (synced_gpus)
+            seqs = model.generate(**enc, num_return_sequences=n, synced_gpus=False, **options)
+        except torch.OutOfMemoryError:
+            fail(True, f"out of memory sampling {per_call * n} sequences at once; lower --generation_batch_size")
+        for s in seqs[:, enc["input_ids"].shape[1] :].tolist():
+            out.append(next((s[: j + 1] for j, t in enumerate(s) if t in ends), s))
+            finished.append(out[-1][-1] in ends)
+    for m in units:  # back to shards; in training the root keeps its weights gathered after a forward (FSDP2's default)
+        m.set_reshard_after_forward(m is not model, recurse=False)
+        m.reshard()
+    model.train()
+    return out, finished
+
+
+def round_prompts(n_prompts, round_size, round_index, seed):
+    """Indices of a round's prompts: consecutive slices of one shuffled pass after another."""
+    n_pass, pos = divmod(round_index, n_prompts // round_size)
+    order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(stream_seed(seed, "prompts", n_pass)))
+    return order[pos * round_size : (pos + 1) * round_size].tolist()
+
+
+def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt, prefix="online"):
+    """n samples of each prompt row (greedy for prefix 'eval'; round_index picks the sampling stream), scored by the
+    weighted sum of scorers [(name, weight, fn)], each given the rows' other columns too. Each process samples its
+    share; every process gets all groups (row, prompt_ids, [completion_ids], [score, None where a scorer failed]) and
+    the record: the mean reward of the scored samples, bad and truncated counts, each scorer's mean. A scorer failing
+    on every sample stops the run."""
+    mine = rows[rt.rank :: rt.world]
+    padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
+    prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer)) for r in padded]
+    prompts = [p[-args.max_prompt_length :] for p in prompts]
+    with rt.autocast:  # one GPU samples in bf16 as it trains
+        seed = stream_seed(args.seed, "sampling", round_index, rt.rank)
+        completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval", seed)
+    completions, finished = completions[: len(mine) * n], finished[: len(mine) * n]  # not the padding
+    lengths = [len(prompts[j // n]) + len(c) for j, c in enumerate(completions)]
+    cut = sum(not f or length > args.max_length for length, f in zip(lengths, finished))
+    flat = [r for r in mine for _ in range(n)]
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    columns = {k: [r[k] for r in flat] for k in (flat[0] if flat else {}) if k != "prompt"}
+    per_fn, bad, fatal = [], {}, []
+    for name, _, fn in scorers:
+        fn_scores, fn_bad = score_samples(name, fn, [r["prompt"] for r in flat], texts, columns)
+        per_fn.append(fn_scores)
+        bad = fn_bad | bad
+        fatal += list(fn_bad.values())[:1] if fn_bad and len(fn_bad) == len(texts) else []
+    scores = [None if j in bad else sum(w * s[j] for (_, w, _), s in zip(scorers, per_fn)) for j in range(len(texts))]
+    good = [j for j, s in enumerate(scores) if s is not None]
+    sums = [sum(scores[j] for j in good), len(good), len(bad), cut] + [sum(s[j] for j in good) for s in per_fn]
+    stats = torch.tensor(sums, dtype=torch.float64)
+    kept = [c[: args.max_length - len(prompts[j // n])] for j, c in enumerate(completions)]
+    groups = [(r, prompts[i], kept[i * n : (i + 1) * n], scores[i * n : (i + 1) * n]) for i, r in enumerate(mine)]
+    bad = list(bad.values())
+    if rt.world > 1:  # every process gets every group and failure: all go on or stop together
+        gathered = [None] * rt.world
+        dist.all_gather_object(gathered, (groups if prefix != "eval" else [], bad, fatal))  # evaluation needs no groups
+        groups, bad, fatal = ([x for part in gathered for x in part[i]] for i in range(3))
+        dist.all_reduce(stats)
+    fail(fatal, f"stopping, a scorer failed on every sample: the {fatal[0] if fatal else ''}")
+    stop = f"stopping: the {bad[0] if bad else ''} ({len(bad)} bad rewards in this batch); --on_bad_reward drop would"
+    fail(bad and args.on_bad_reward == "stop", stop + " leave such samples out")
+    record = {f"{prefix}/reward": (stats[0] / stats[1]).item(), f"{prefix}/bad_rewards": int(stats[2])}
+    record[f"{prefix}/truncated_completions"] = int(stats[3])
+    for (name, _, _), s in zip(scorers, stats[4:]) if len(scorers) > 1 else ():
+        record[f"{prefix}/{name}"] = (s / stats[1]).item()
+    return groups, record
+
+
+def evaluate(policy, tokenizer, scorer, rows, args, rt):
+    """Mean reward of greedy completions of held-out prompt rows (on the toy task also the exact accuracy)."""
+    scorers = [("reward", 1.0, scorer)] + [("accuracy", 0.0, toy_task.verify)] * args.reward_model.startswith("toy")
+    return sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")[1]
+
+
+# REF-FREE: the reference's log-probs computed ahead by the policy, no reference model
+# REF-FREE: the reference held as log-probs the policy computed, no second model
+class PolicyAsReference:
+    """The reference without a second model, with the reference model's methods. Where the reference would take the
+    policy's weights (a reset; a sync, before or after the update), the policy computes, then and with those weights,
+    the reference log-probs of the steps that snapshot serves (up to the next sync), in eval mode, and keeps them on
+    the CPU until their step asks. With `wait` (online GRPO under --sync: a snapshot may serve steps not sampled yet)
+    the snapshot's shards wait on the CPU, to be swapped into the policy when those steps are sampled."""
+
+    def __init__(self, policy, batches, token_logps, rt, sync, sync_every, max_steps, wait=False):
+        """batches(step): the step's micro-batches (input_ids, attention_mask, loss_mask), None if not sampled yet."""
+        self.policy, self.batches, self.token_logps, self.rt = policy, batches, token_logps, rt
+        self.schedule, self.k, self.max_steps, self.wait = sync, sync_every, max_steps, wait
+        self.held = dict(ahead={}, weights=None, steps=[])  # what a checkpoint saves
+        self.seconds = 0.0  # spent on the reference since the last step's record
+
+    def logps(self, step, micro, inputs):
+        """The reference log-probs of micro-batch `micro` of step `step` (its inputs were those computed ahead)."""
+        ahead = self.held["ahead"]
+        if micro == 0 and step not in ahead and self.held["weights"] is not None:  # sampled after its snapshot
+            t0 = time.time()
+            swap_weights(self.policy, self.held["weights"])
+            self.held["steps"] = self.compute(self.held["steps"])
+            swap_weights(self.policy, self.held["weights"])
+            self.held["weights"] = self.held["weights"] if self.held["steps"] else None
+            self.seconds += time.time() - t0
+        logps = ahead[step][micro]
+        if micro == len(ahead[step]) - 1:
+            del ahead[step]
+        return logps.to(self.rt.device)
+
+    def reset(self, policy, step):
+        """The reference <- the policy (step 0, a round's start): it serves from `step` up to the first sync."""
+        end = self.max_steps if self.schedule == "none" else (step // self.k + 1) * self.k
+        self.snapshot(range(step, min(end, self.max_steps)))
+
+    def sync(self, policy, step):
+        """The reference <- the policy at step `step`'s sync: it serves the next k steps."""
+        self.snapshot(range(step + 1, min(step + 1 + self.k, self.max_steps)))
+
+    def snapshot(self, steps):  # the reference is the policy as it is now, for `steps`
+        t0, steps = time.time(), list(steps)
+        rest = self.compute(steps)
+        keep = self.wait and bool(rest)
+        self.held["weights"] = (
+            [local(p).detach().to("cpu", copy=True) for p in self.policy.parameters()] if keep else None
+        )
+        self.held["steps"] = rest if keep else []
+        if len(rest) < len(steps) or keep:
+            self.seconds += time.time() - t0
+
+    def compute(self, steps):  # the log-probs of the sampled ones of `steps`; returns the rest
+        steps = list(steps)
+        known = list(itertools.takewhile(lambda s: self.batches(s) is not None, steps))
+        self.policy.eval()
+        with torch.no_grad(), self.rt.autocast:
+            for s in tqdm(known, "reference log-probs", disable=self.rt.rank != 0 or len(known) < 2, leave=False):
+                head = (self.rt.head_dtype, self.rt.logps_temperature)
+                self.held["ahead"][s] = [self.token_logps(self.policy, *b, *head).cpu() for b in self.batches(s)]
+        self.policy.train()
+        if hasattr(self.policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
+            self.policy.reshard()
+        return steps[len(known) :]
+
+
+def local(p):
+    return p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 parameter: this process's shard
+
+
+@torch.no_grad()
+def swap_weights(policy, weights):
+    """Exchange the policy's parameters with `weights` (CPU tensors), one tensor at a time."""
+    if hasattr(policy, "reshard"):
+        policy.reshard()
+    for p, w in zip(policy.parameters(), weights):
+        held = local(p).to("cpu", copy=True)
+        local(p).copy_(w)
+        w.copy_(held)
+
+
+def accumulate(sums, metrics):
+    """Add each metric's (sum, count) of entries: a step's value is the mean over micro-batches and processes."""
+    for k, v in metrics.items():
+        s, c = sums.get(k, (0.0, 0))
+        sums[k] = (s + v.sum().item(), c + v.numel())
+
+
+# the run's bookkeeping: metrics.jsonl, progress bar, SIGTERM, checkpoints, the final save
+class Session:
+    """What a run keeps on every process: its folder (args.json, metrics.jsonl, trackers), resume, the progress bar,
+    SIGTERM and Ctrl-C, each step's record, checkpoints and the final model."""
+
+    def __init__(self, args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference=None):
+        self.args, self.rt, self.tokenizer, self.policy, self.state = args, rt, tokenizer, policy, state
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.sampling_gen, self.reference = sampling_gen, reference
+        self.stop, self.bad_streak, self.trackers = [], 0, []
+        if rt.world > 1:  # several nodes need one --output_dir that all of them see: checked before anything is read
+            stamp = torch.tensor([time.time_ns() if rt.rank == 0 else 0], dtype=torch.int64)
+            dist.broadcast(stamp, src=0)
+            probe = os.path.join(args.output_dir, f".shared-{stamp.item()}")
+            if rt.rank == 0:
+                os.makedirs(args.output_dir, exist_ok=True)
+                open(probe, "w").close()
+            try:
+                self.all_see([probe], f"the file process 0 wrote in --output_dir {args.output_dir}")
+            finally:
+                if rt.rank == 0:
+                    os.remove(probe)
+        ckpt = (checkpoints(args.output_dir) or [None])[-1] if args.resume else None
+        if ckpt:
+            self.load(ckpt)
+        if rt.rank == 0:
+            os.makedirs(args.output_dir, exist_ok=True)
+            for d in os.listdir(args.output_dir):  # half-written checkpoints of a killed run; all with --overwrite
+                if d.startswith("checkpoint-") and (d.endswith(".tmp") or args.overwrite_output_dir and not ckpt):
+                    shutil.rmtree(os.path.join(args.output_dir, d), ignore_errors=True)
+            with open(os.path.join(args.output_dir, "args.json"), "w") as f:
+                json.dump(asdict(args) | {"provenance": provenance()}, f, indent=2)
+            self.file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), state.step)
+            self.trackers = open_trackers(args)
+            if ckpt:
+                print(f"resumed from {ckpt} at step {state.step}")
+        # SIGTERM (preemption; torchrun passes it on) or Ctrl-C: a checkpoint after the current step and a clean exit
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.interrupt)
+        name = os.path.basename(os.path.normpath(args.output_dir))
+        self.bar = tqdm(total=args.max_steps, initial=state.step, desc=name, disable=rt.rank != 0, dynamic_ncols=True)
+
+    def interrupt(self, signum, frame):
+        fail(self.stop and signum == signal.SIGINT, "interrupted twice: stopped without a checkpoint")
+        self.stop.append(signum)
+        if self.rt.rank == 0:
+            print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint", file=sys.stderr)
+
+    def log(self, record):
+        """One line of metrics.jsonl, and a record of each --report_to tracker."""
+        if self.rt.rank == 0:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+            for write, _ in self.trackers:
+                write(record)
+
+    def agree(self, sums):
+        """(skip, stop): a non-finite loss on any process skips the step everywhere; a SIGTERM stops every process."""
+        flags = [float(not math.isfinite(sums.get("loss", (0.0,))[0])), float(bool(self.stop))]
+        flags = torch.tensor(flags, dtype=torch.float64)
+        if self.rt.world > 1:
+            dist.all_reduce(flags)
+        return bool(flags[0]), bool(flags[1])
+
+    def record(self, sums, grad_norm, lr, skipped, t0, cpu0):
+        """The record of the step just taken: each metric's mean over micro-batches and processes, the update's grad
+        norm and learning rate, the time spent on the reference, speed and memory; a skipped step is counted."""
+        state = self.state
+        seconds, cpu_seconds = time.time() - t0, time.process_time() - cpu0  # data, forwards, backward, update
+        bad = skipped or not torch.isfinite(grad_norm).item()
+        state.bad_steps += bad
+        self.bad_streak = self.bad_streak + 1 if bad else 0
+        keys = sorted(sums)
+        totals = torch.tensor([sums[k][0] for k in keys] + [sums[k][1] for k in keys], dtype=torch.float64)
+        if self.rt.world > 1:
+            dist.all_reduce(totals)
+        means = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys) :].tolist()) if c}
+        record = {k: v for k, v in means.items() if k != "tokens"} | {"step": state.step}
+        record |= {"grad_norm": grad_norm.item(), "lr": lr, "bad_steps": state.bad_steps}
+        record["perf/sync_seconds"] = getattr(self.reference, "seconds", 0.0)  # the reference's forwards or copy
+        if self.reference is not None:
+            self.reference.seconds = 0.0
+        record["tokens_per_s"] = totals[keys.index("tokens")].item() / seconds
+        record |= {"perf/step_seconds": seconds, "perf/step_cpu_seconds": cpu_seconds}
+        record["perf/peak_memory_gib"] = peak_memory_gib(self.rt.device)
+        self.bar.update(1)
+        shown = ("loss", "rewards/margins", "kl")
+        self.bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in shown if k in record})
+        return record
+
+    def stop_if_stuck(self):
+        """--max_bad_steps skipped steps in a row stop the run, naming the newest checkpoint (from before them)."""
+        newest = (checkpoints(self.args.output_dir) or [None])[-1]
+        message = f"stopping: the last {self.bad_streak} steps (up to step {self.state.step}) had a non-finite loss or "
+        message += f"gradient and were skipped; the newest checkpoint, {newest}, is from before them. Lower "
+        stuck = self.bad_streak >= self.args.max_bad_steps
+        fail(stuck, message + "--learning_rate or --max_grad_norm, or look for bad data.")
+
+    def exit_after_signal(self):
+        """After a SIGTERM or Ctrl-C, and the checkpoint saved after it: leave with exit code 0."""
+        self.bar.close()
+        if self.rt.rank == 0:
+            name = signal.Signals(self.stop[0]).name
+            print(f"{name}: stopped after step {self.state.step} with a checkpoint; continue with --resume")
+        if self.rt.distributed:
+            dist.destroy_process_group()
+        sys.exit(0)
+
+    def save(self):
+        """output_dir/checkpoint-STEP: the policy (save_pretrained) and each process's training state (its shards of
+        policy, reference and optimizer, RNG states, the loop's state), written to a temporary name, then renamed."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")
+        tmp, rank = final + ".tmp", self.rt.rank
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing this step
+        self.save_pretrained(tmp)
+        model, optimizer = get_state_dict(self.policy, self.optimizer)
+        rng = {"torch": torch.get_rng_state(), "sampling": self.sampling_gen.get_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        ref = getattr(self.reference, "model", None)  # a reference model's shards, or what the policy computed ahead
+        ref = get_model_state_dict(ref) if ref is not None else getattr(self.reference, "held", None)
+        saved = dict(policy=model, optimizer=optimizer, ref=ref, rng=rng)
+        saved |= dict(scheduler=self.scheduler.state_dict(), world_size=self.rt.world, state=vars(self.state))
+        os.makedirs(tmp, exist_ok=True)  # process 0 made it: here only if this node does not see its folder
+        torch.save(saved | {"args": asdict(self.args)}, os.path.join(tmp, f"state-rank{rank}.pt"))
+        states = [os.path.join(tmp, f"state-rank{r}.pt") for r in range(self.rt.world)]
+        self.all_see(states, f"the training states of checkpoint {tmp}")  # or none is renamed into a checkpoint
+        if rank == 0:
+            fsync(tmp)  # the files reach the disk before the rename makes them the checkpoint
+            shutil.rmtree(final, ignore_errors=True)  # a step saved twice (the last one)
+            os.replace(tmp, final)
+            fsync(self.args.output_dir, files=False)  # the rename itself
+            for old in checkpoints(self.args.output_dir)[: -self.args.save_total_limit or 0]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.barrier()
+
+    def load(self, path):
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        saved = torch.load(os.path.join(path, f"state-rank{self.rt.rank}.pt"), weights_only=True)  # no unpickling
+        world = f"{path} was written by {saved['world_size']} processes; resume with as many"
+        fail(saved["world_size"] != self.rt.world, world)
+        changed = [k for k, v in asdict(self.args).items() if k not in RESUMABLE and saved["args"].get(k) != v]
+        was = ", ".join(f"--{k} {saved['args'].get(k)} (now {getattr(self.args, k)})" for k in changed)
+        fail(changed, f"{path} was written with other settings: {was}")
+        states = dict(model_state_dict=saved["policy"], optim_state_dict=saved["optimizer"])
+        set_state_dict(self.policy, self.optimizer, **states)
+        if getattr(self.reference, "model", None) is not None:
+            set_model_state_dict(self.reference.model, saved["ref"])
+        elif self.reference is not None:
+            self.reference.held = saved["ref"]
+        self.scheduler.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"]["torch"])
+        self.sampling_gen.set_state(saved["rng"]["sampling"])
+        if "cuda" in saved["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state(saved["rng"]["cuda"])
+        vars(self.state).update(saved["state"])
+
+    def save_pretrained(self, directory):
+        """A Hugging Face model directory of the policy, gathered from its shards (rank 0 writes)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not the fp32 the training keeps
+            dtype = getattr(self.policy, "export_dtype", None)
+            self.policy.save_pretrained(directory, state_dict={k: v.to(dtype or v.dtype) for k, v in full.items()})
+            self.tokenizer.save_pretrained(directory)
+        self.barrier()
+
+    def barrier(self):
+        if self.rt.world > 1:
+            dist.barrier()
+
+    def all_see(self, paths, what):
+        """After a barrier, every process must see every one of `paths`, or all of them stop with one line."""
+        self.barrier()
+        blind = torch.tensor([float(not all(map(os.path.exists, paths)))], dtype=torch.float64)
+        if self.rt.world > 1:
+            dist.all_reduce(blind)
+        shared = "on several nodes --output_dir must be a folder every node sees"
+        fail(blind.item(), f"{int(blind.item())} of {self.rt.world} processes do not see {what}: {shared}")
+
+    def finish(self):
+        """The final model: the last checkpoint's files, linked into --output_dir (gathered and written once)."""
+        self.bar.close()
+        for _, close in self.trackers:
+            close()
+        if self.rt.rank == 0:
+            last = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")  # the last step always saves
+            for f in os.listdir(last) if os.path.isdir(last) else []:
+                if not f.startswith("state-rank"):
+                    link(os.path.join(last, f), os.path.join(self.args.output_dir, f))
+            print(f"saved to {self.args.output_dir}")
+        if self.rt.distributed:
+            dist.barrier()  # leave together: a process tearing down gloo while another still saves can abort
+            dist.destroy_process_group()
+
+
+MODE = ("offline", "online", "humanline", "sync", "clip", "pairs_from_samples", "sample_every", "seed", "plan_only")
+RESUMABLE = (  # settings a resumed run may change
+    "resume output_dir save_every log_every eval_every num_eval_prompts eval_prompts dist_timeout report_to "
+    "overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code"
+).split()
+
+
+def open_trackers(args):
+    """--report_to: [(write(record), close())] for TensorBoard (output_dir/tensorboard) and W&B (project
+    $WANDB_PROJECT or humanline, continued by --resume), each record's keys at its step, the arguments as config."""
+    trackers = []
+    for name in [n for n in args.report_to.split(",") if n != "none"]:
+        try:
+            tracker = importlib.import_module("torch.utils.tensorboard" if name == "tensorboard" else "wandb")
+        except ImportError:
+            fail(True, f"--report_to {name}: the package is not installed (pip install {name})")
+        if name == "tensorboard":
+            tb = tracker.SummaryWriter(os.path.join(args.output_dir, "tensorboard"))
+            tb.add_text("args", json.dumps(asdict(args), indent=2))
+            trackers.append((lambda r: [tb.add_scalar(k, v, r["step"]) for k, v in r.items() if k != "step"], tb.close))
+            continue
+        id_file = os.path.join(args.output_dir, "wandb_id")
+        run_id = open(id_file).read() if args.resume and os.path.exists(id_file) else os.urandom(6).hex()
+        with open(id_file, "w") as f:
+            f.write(run_id)
+        project, name = os.environ.get("WANDB_PROJECT", "humanline"), os.path.basename(os.path.abspath(args.output_dir))
+        run = tracker.init(
+            project=project, name=name, id=run_id, resume="allow", config=asdict(args), dir=args.output_dir
+        )
+        trackers.append((lambda r: run.log({k: v for k, v in r.items() if k != "step"}, step=r["step"]), run.finish))
+    return trackers
+
+
+def checkpoints(output_dir):  # the complete ones, oldest first
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    steps = [int(d.split("-")[1]) for d in names if d.startswith("checkpoint-") and d.split("-")[1].isdigit()]
+    return [os.path.join(output_dir, f"checkpoint-{s}") for s in sorted(steps)]
+
+
+def link(src, dest):
+    try:
+        os.link(src, dest + ".tmp")  # the same bytes under two names: no second copy on disk
+    except OSError:
+        shutil.copy2(src, dest + ".tmp")
+    os.replace(dest + ".tmp", dest)
+
+
+def open_metrics(path, step):
+    """metrics.jsonl for appending: a resumed run keeps the records up to its step (later ones were the crashed
+    attempt's; a line cut short by a kill is dropped), a new run starts afresh."""
+    kept = []
+    if step and os.path.exists(path):
+        with open(path) as f:
+            kept = [line for line in f if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(kept)
+    os.replace(path + ".tmp", path)  # a kill leaves the old records or the kept ones, never none
+    return open(path, "a")
+
+
+def fsync(path, files=True):
+    """Flush a directory's entries (with files, every file under it too) to disk."""
+    for p in ([os.path.join(root, n) for root, _, names in os.walk(path) for n in names] if files else []) + [path]:
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+
+def peak_memory_gib(device):
+    """Peak CUDA memory allocated, or on a CPU the process's peak resident set size."""
+    import resource
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
