@@ -160,7 +160,8 @@ class ReferenceModel:
 def optimizer_step(policy, reference, optimizer, scheduler, max_grad_norm, sync, sync_every, step, skip=False):
     """Clip the gradients, then update. Every k-th step (from 0) `humanline` syncs the reference
     *before* the update (so it holds the pre-update weights), `trust_region` (the ablation) *after*.
-    A skipped step (non-finite loss or grad norm) leaves out the update, never the sync."""
+    A skipped step (non-finite loss or grad norm) leaves out the update, never the sync: the
+    reference's schedule depends on the step alone."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     due = (step + 1) % sync_every == 0
