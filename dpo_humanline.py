@@ -42,12 +42,13 @@ import transformers
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import humanline_sampling
-import plumbing  # how a run is kept (checks, data formats, checkpoints, logging), for all three
+import plumbing  # how a run is kept: checks, data formats, checkpoints, logging
+import ref_free  # the default reference (--ref_free on): no second model
 from plumbing import RunArgs, arg
 
 
 @dataclass
-class Args(RunArgs):  # how a run is kept (evaluation, checkpoints, logging): RunArgs
+class Args(RunArgs):  # RunArgs: how a run is kept
     # mode
     offline: bool = arg(False, "Train on a fixed preference dataset (the default).")
     online: bool = arg(False, "Algorithm 1: sample pairs from the policy in rounds.")
@@ -134,8 +135,8 @@ def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
 # the reference and the update
 class ReferenceModel:
     """The textbook reference (--ref_free off): a second copy of the policy, sharded exactly like
-    it, so that a sync copies each process's shards in place (no communication). The default,
-    plumbing.PolicyAsReference, holds the same reference without the copy, with the same methods."""
+    it, so that a sync copies each process's shards in place (no communication). The default
+    (ref_free.py) holds the same reference without the copy, behind the same methods."""
 
     def __init__(self, model, rt):
         self.model, self.rt, self.seconds = model.eval().requires_grad_(False), rt, 0.0
@@ -336,7 +337,7 @@ def main():
         reference = ReferenceModel(load_model(args, toy, rt), rt)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
         schedule = dict(sync=args.sync, sync_every=args.sync_every, max_steps=args.max_steps)
-        reference = plumbing.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule)
+        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule)
     scorer = plumbing.make_scorer(args.reward_model, args, rt) if args.online or eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
     eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)

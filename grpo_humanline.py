@@ -51,12 +51,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import humanline_sampling
 import math_rewards
-import plumbing  # how a run is kept (checks, data formats, checkpoints, logging), for all three
+import plumbing  # how a run is kept: checks, data formats, checkpoints, logging
+import ref_free  # the default reference (--ref_free on): no second model
 from plumbing import RunArgs, arg
 
 
 @dataclass
-class Args(RunArgs):  # how a run is kept (evaluation, checkpoints, logging): RunArgs
+class Args(RunArgs):  # RunArgs: how a run is kept
     # mode
     offline: bool = arg(False, "Algorithm 2: each preference pair a group of two (the default).")
     online: bool = arg(False, "Sample groups of --num_generations every --sample_every steps.")
@@ -184,8 +185,8 @@ def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
 # the reference and the update
 class ReferenceModel:
     """The textbook reference (--ref_free off): a second copy of the policy, sharded exactly like
-    it, so that a sync copies each process's shards in place (no communication). The default,
-    plumbing.PolicyAsReference, holds the same reference without the copy, with the same methods."""
+    it, so that a sync copies each process's shards in place (no communication). The default
+    (ref_free.py) holds the same reference without the copy, behind the same methods."""
 
     def __init__(self, model, rt):
         self.model, self.rt, self.seconds = model.eval().requires_grad_(False), rt, 0.0
@@ -424,7 +425,7 @@ def main():
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
         schedule = dict(sync=args.sync, sync_every=args.sync_every, max_steps=args.max_steps)
         wait = args.online and not reset_each_sampling  # a sync may serve steps sampled later
-        reference = plumbing.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule, wait=wait)
+        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule, wait=wait)
     base = None  # --kl_baseline initial: the frozen starting policy (unless the reference is it)
     if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
         base = load_model(args, toy, rt).eval().requires_grad_(False)

@@ -1,17 +1,17 @@
 """How a run is kept, the same for dpo_humanline.py, kto_humanline.py and grpo_humanline.py: the argument checks and
 the run-management flags, seeds and provenance, Hugging Face loading (one process reads the weights), every data
-format and its one-line errors, scorers, generation and evaluation, the reference-free way to hold the reference,
-checkpoints and resume, metrics.jsonl and trackers, signals.
+format and its one-line errors, scorers, generation and evaluation, checkpoints and resume, metrics.jsonl and
+trackers, signals.
 
 Nothing here decides what a training step computes: the loss, the reference and its sync, batching and log-probs, the
-sharding, the optimizer and the loop are in each script, in run order. This module is imported rather than copied
+sharding, the optimizer and the loop are in each script, in run order (the default way to hold the reference,
+without a second model, is ref_free.py). This module is imported rather than copied
 (as CleanRL's scripts import cleanrl_utils) because it is the same for the three methods: a fix is made once. It
 imports no script; a script passes it what it needs of its own (its Args, token_logps, a step's batches).
 """
 
 import hashlib
 import importlib
-import itertools
 import json
 import math
 import os
@@ -173,9 +173,10 @@ def stream_seed(seed, stream, *index):
 
 def provenance():
     """What ran, for args.json: the git commit, whether the code had uncommitted changes, a digest of the code and toy
-    task (the scripts, the modules they import, toy/SHA256SUMS) and the library versions."""
-    here, files = os.path.dirname(os.path.abspath(__file__)), [f"{a}_humanline.py" for a in ("dpo", "kto", "grpo")]
-    files += ["humanline_sampling.py", "math_rewards.py", "toy_task.py", "toy/SHA256SUMS"]
+    task (every .py file beside this one, the scripts and the modules they import, and toy/SHA256SUMS) and the library
+    versions."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = sorted(f for f in os.listdir(here) if f.endswith(".py")) + ["toy/SHA256SUMS"]
 
     def git(*a):
         return subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=30).stdout.strip()
@@ -590,84 +591,8 @@ def evaluate(policy, tokenizer, scorer, rows, args, rt):
     return sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")[1]
 
 
-# REF-FREE: the reference's log-probs computed ahead by the policy, no reference model
-# REF-FREE: the reference held as log-probs the policy computed, no second model
-class PolicyAsReference:
-    """The reference without a second model, with the reference model's methods. Where the reference would take the
-    policy's weights (a reset; a sync, before or after the update), the policy computes, then and with those weights,
-    the reference log-probs of the steps that snapshot serves (up to the next sync), in eval mode, and keeps them on
-    the CPU until their step asks. With `wait` (online GRPO under --sync: a snapshot may serve steps not sampled yet)
-    the snapshot's shards wait on the CPU, to be swapped into the policy when those steps are sampled."""
-
-    def __init__(self, policy, batches, token_logps, rt, sync, sync_every, max_steps, wait=False):
-        """batches(step): the step's micro-batches (input_ids, attention_mask, loss_mask), None if not sampled yet."""
-        self.policy, self.batches, self.token_logps, self.rt = policy, batches, token_logps, rt
-        self.schedule, self.k, self.max_steps, self.wait = sync, sync_every, max_steps, wait
-        self.held = dict(ahead={}, weights=None, steps=[])  # what a checkpoint saves
-        self.seconds = 0.0  # spent on the reference since the last step's record
-
-    def logps(self, step, micro, inputs):
-        """The reference log-probs of micro-batch `micro` of step `step` (its inputs were those computed ahead)."""
-        ahead = self.held["ahead"]
-        if micro == 0 and step not in ahead and self.held["weights"] is not None:  # sampled after its snapshot
-            t0 = time.time()
-            swap_weights(self.policy, self.held["weights"])
-            self.held["steps"] = self.compute(self.held["steps"])
-            swap_weights(self.policy, self.held["weights"])
-            self.held["weights"] = self.held["weights"] if self.held["steps"] else None
-            self.seconds += time.time() - t0
-        logps = ahead[step][micro]
-        if micro == len(ahead[step]) - 1:
-            del ahead[step]
-        return logps.to(self.rt.device)
-
-    def reset(self, policy, step):
-        """The reference <- the policy (step 0, a round's start): it serves from `step` up to the first sync."""
-        end = self.max_steps if self.schedule == "none" else (step // self.k + 1) * self.k
-        self.snapshot(range(step, min(end, self.max_steps)))
-
-    def sync(self, policy, step):
-        """The reference <- the policy at step `step`'s sync: it serves the next k steps."""
-        self.snapshot(range(step + 1, min(step + 1 + self.k, self.max_steps)))
-
-    def snapshot(self, steps):  # the reference is the policy as it is now, for `steps`
-        t0, steps = time.time(), list(steps)
-        rest = self.compute(steps)
-        keep = self.wait and bool(rest)
-        self.held["weights"] = (
-            [local(p).detach().to("cpu", copy=True) for p in self.policy.parameters()] if keep else None
-        )
-        self.held["steps"] = rest if keep else []
-        if len(rest) < len(steps) or keep:
-            self.seconds += time.time() - t0
-
-    def compute(self, steps):  # the log-probs of the sampled ones of `steps`; returns the rest
-        steps = list(steps)
-        known = list(itertools.takewhile(lambda s: self.batches(s) is not None, steps))
-        self.policy.eval()
-        with torch.no_grad(), self.rt.autocast:
-            for s in tqdm(known, "reference log-probs", disable=self.rt.rank != 0 or len(known) < 2, leave=False):
-                head = (self.rt.head_dtype, self.rt.logps_temperature)
-                self.held["ahead"][s] = [self.token_logps(self.policy, *b, *head).cpu() for b in self.batches(s)]
-        self.policy.train()
-        if hasattr(self.policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
-            self.policy.reshard()
-        return steps[len(known) :]
-
-
 def local(p):
     return p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 parameter: this process's shard
-
-
-@torch.no_grad()
-def swap_weights(policy, weights):
-    """Exchange the policy's parameters with `weights` (CPU tensors), one tensor at a time."""
-    if hasattr(policy, "reshard"):
-        policy.reshard()
-    for p, w in zip(policy.parameters(), weights):
-        held = local(p).to("cpu", copy=True)
-        local(p).copy_(w)
-        w.copy_(held)
 
 
 def accumulate(sums, metrics):

@@ -24,6 +24,7 @@ import dpo_humanline
 import grpo_humanline
 import kto_humanline
 import plumbing
+import ref_free
 from dpo_humanline import Args, ReferenceModel, collate, dpo_loss, optimizer_step, token_logps
 from plumbing import encode_rows
 
@@ -272,14 +273,14 @@ def test_a_skipped_step_leaves_out_the_update_not_the_sync(module, sync, why):
 )
 def test_the_reference_free_reference_is_the_policy_optimizer_step_syncs_it_to(module, sync, reset, expected):
     """k = 3, each update adding 1 to a one-weight policy, so that the weight as step t began is t. The log-probs that
-    plumbing.PolicyAsReference serves at step t are those of the policy as step reference(t) began: humanline syncs
+    ref_free.PolicyAsReference serves at step t are those of the policy as step reference(t) began: humanline syncs
     before updates 2 and 5 (steps 3-5 see the policy as step 2 began), trust region after them; a reset starts it."""
     policy = torch.nn.Linear(1, 1, bias=False)
     policy.weight.data.fill_(float(reset))
     rt = SimpleNamespace(rank=0, device=torch.device("cpu"), autocast=contextlib.nullcontext())
     rt.head_dtype, rt.logps_temperature = torch.float32, 1.0
     read = lambda model, *inputs: model.weight.detach().clone()  # noqa: E731 (the "log-probs": the weight)
-    reference = plumbing.PolicyAsReference(policy, lambda s: [()], read, rt, sync=sync, sync_every=3, max_steps=9)
+    reference = ref_free.PolicyAsReference(policy, lambda s: [()], read, rt, sync=sync, sync_every=3, max_steps=9)
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     reference.reset(policy, step=reset)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import plumbing
+import ref_free
 import toy_task
 from grpo_humanline import (
     Args,
@@ -435,7 +435,7 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
         batch = step_batch(s)
         return batch and [collate(q, tok.pad_token_id, "cpu") for _, q in forwards(batch, args, rank, world)]
 
-    reference = plumbing.PolicyAsReference(model.train(), step_inputs, token_logps, rt, "none", 1, args.max_steps)
+    reference = ref_free.PolicyAsReference(model.train(), step_inputs, token_logps, rt, "none", 1, args.max_steps)
     reference.reset(model, step=3)
     ahead = reference.held["ahead"]
     assert sorted(ahead) == [3, 4] and model.training

@@ -1,8 +1,9 @@
 """The shape of the three training scripts, and what a user who gets an argument or a file wrong sees.
 
-- Each script holds the method and the whole loop; how a run is kept is in plumbing.py, which imports no script, and
-  no script redefines one of its names. The helpers of the method that the three share (the reference, the optimizer
-  step, the distributed setup, batching, log-probs, pairing) are copied, identical.
+- Each script holds the method and the whole loop; how a run is kept is in plumbing.py and the default way to hold
+  the reference in ref_free.py; neither imports or calls a script, and no script redefines one of their names. The
+  helpers of the method that the three share (the reference, the optimizer step, the distributed setup, batching,
+  log-probs, pairing) are copied, identical.
 - `grep -n "HUMANLINE:"` shows the method only (at most 8 lines per script), and its lines run in a default
   humanline run. Each script stays within its budget of lines, bytes and long lines, as ruff formats it.
 - Every bad argument or file ends the run with one line that names the flag or the file (no traceback), before
@@ -30,7 +31,7 @@ BUDGET = {  # lines and bytes as ruff formats the script; at most 10% of its lin
     "kto_humanline.py": (480, 29_000),
     "grpo_humanline.py": (560, 34_000),
 }
-MODULE_BUDGET = 960  # plumbing.py's lines, as ruff formats it
+MODULE_BUDGET = 880  # plumbing.py's lines, as ruff formats it
 SHARED_METHOD = (  # copied into the three scripts, identical
     "clamped_fraction",
     "ReferenceModel",
@@ -65,16 +66,17 @@ def top_level(script):
     return found
 
 
-def test_the_module_imports_no_script_and_no_script_redefines_its_names():
-    tree = ast.parse(source("plumbing.py"))
+@pytest.mark.parametrize("module", ("plumbing.py", "ref_free.py"))
+def test_the_modules_import_no_script_and_no_script_redefines_their_names(module):
+    tree = ast.parse(source(module))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not imported & {s[:-3] for s in SCRIPTS}
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
         n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
     }
-    assert not names & {s[:-3] for s in SCRIPTS}  # it calls into no script (it only hashes their files)
-    module_names = set(top_level("plumbing.py"))
+    assert not names & {s[:-3] for s in SCRIPTS}  # it calls into no script
+    module_names = set(top_level(module))
     for script in SCRIPTS:
         assert not set(top_level(script)) & module_names, script
     assert len(source("plumbing.py").splitlines()) <= MODULE_BUDGET

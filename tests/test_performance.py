@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import dpo_humanline
-import plumbing
+import ref_free
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -287,7 +287,7 @@ def test_the_policy_computes_each_batch_once_where_the_reference_would_take_its_
         logps_temperature=1.0,
     )
     batches = lambda s: [dpo_humanline.collate([([1, 2], [3, 4 + s % 5])], 0, "cpu")]  # noqa: E731
-    reference = plumbing.PolicyAsReference(model, batches, dpo_humanline.token_logps, rt, sync, k, max_steps=12)
+    reference = ref_free.PolicyAsReference(model, batches, dpo_humanline.token_logps, rt, sync, k, max_steps=12)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     got, ahead = {}, reference.held["ahead"]

@@ -904,12 +904,9 @@ def test_args_json_records_the_code_that_ran(tmp_path, toy):
 
     run_here("dpo_humanline.py", ["--max_steps", "1", "--save_every", "0"], tmp_path)
     record = json.load(open(tmp_path / "args.json"))["provenance"]
-    files = [f"{a}_humanline.py" for a in ("dpo", "kto", "grpo")] + [
-        "humanline_sampling.py",
-        "math_rewards.py",
-        "toy_task.py",
-        "toy/SHA256SUMS",
-    ]
+    # the code is every Python file of the repository's top folder: the scripts and every module they import
+    files = sorted(f for f in os.listdir(ROOT) if f.endswith(".py")) + ["toy/SHA256SUMS"]
+    assert {"dpo_humanline.py", "plumbing.py", "ref_free.py", "humanline_sampling.py", "toy_task.py"} <= set(files)
     digest = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in files)).hexdigest()[:16]
     assert (
         record["code"] == digest

@@ -1,0 +1,92 @@
+"""The reference without a second model (--ref_free on, the default of the three scripts).
+
+The textbook reference is a second copy of the policy that takes the policy's weights at each sync (each script's
+ReferenceModel). This holds the same reference without the copy: at the moment the reference would take the policy's
+weights, the policy itself computes, with those very weights, the log-probs the reference will be asked for until the
+next sync, and keeps them on the CPU. The loop's lines are the same in both ways: `reference.logps(step, micro,
+inputs)` in the step, `reference.sync(policy, step)` in optimizer_step, `reference.reset(policy, step)` at step 0
+and at an online round's start. The values are the same too (tests/test_dpo.py checks them step by step); what
+changes is one model in memory instead of two, and the reference's forwards run at the sync point.
+"""
+
+import itertools
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from plumbing import local
+
+
+class PolicyAsReference:
+    """The reference without a second model, with the reference model's methods. Where the reference would take the
+    policy's weights (a reset; a sync, before or after the update), the policy computes, then and with those weights,
+    the reference log-probs of the steps that snapshot serves (up to the next sync), in eval mode, and keeps them on
+    the CPU until their step asks. With `wait` (online GRPO under --sync: a snapshot may serve steps not sampled yet)
+    the snapshot's shards wait on the CPU, to be swapped into the policy when those steps are sampled."""
+
+    def __init__(self, policy, batches, token_logps, rt, sync, sync_every, max_steps, wait=False):
+        """batches(step): the step's micro-batches (input_ids, attention_mask, loss_mask), None if not sampled yet."""
+        self.policy, self.batches, self.token_logps, self.rt = policy, batches, token_logps, rt
+        self.schedule, self.k, self.max_steps, self.wait = sync, sync_every, max_steps, wait
+        self.held = dict(ahead={}, weights=None, steps=[])  # what a checkpoint saves
+        self.seconds = 0.0  # spent on the reference since the last step's record
+
+    def logps(self, step, micro, inputs):
+        """The reference log-probs of micro-batch `micro` of step `step` (its inputs were those computed ahead)."""
+        ahead = self.held["ahead"]
+        if micro == 0 and step not in ahead and self.held["weights"] is not None:  # sampled after its snapshot
+            t0 = time.time()
+            swap_weights(self.policy, self.held["weights"])
+            self.held["steps"] = self.compute(self.held["steps"])
+            swap_weights(self.policy, self.held["weights"])
+            self.held["weights"] = self.held["weights"] if self.held["steps"] else None
+            self.seconds += time.time() - t0
+        logps = ahead[step][micro]
+        if micro == len(ahead[step]) - 1:
+            del ahead[step]
+        return logps.to(self.rt.device)
+
+    def reset(self, policy, step):
+        """The reference <- the policy (step 0, a round's start): it serves from `step` up to the first sync."""
+        end = self.max_steps if self.schedule == "none" else (step // self.k + 1) * self.k
+        self.snapshot(range(step, min(end, self.max_steps)))
+
+    def sync(self, policy, step):
+        """The reference <- the policy at step `step`'s sync: it serves the next k steps."""
+        self.snapshot(range(step + 1, min(step + 1 + self.k, self.max_steps)))
+
+    def snapshot(self, steps):  # the reference is the policy as it is now, for `steps`
+        t0, steps = time.time(), list(steps)
+        rest = self.compute(steps)
+        keep = self.wait and bool(rest)
+        self.held["weights"] = (
+            [local(p).detach().to("cpu", copy=True) for p in self.policy.parameters()] if keep else None
+        )
+        self.held["steps"] = rest if keep else []
+        if len(rest) < len(steps) or keep:
+            self.seconds += time.time() - t0
+
+    def compute(self, steps):  # the log-probs of the sampled ones of `steps`; returns the rest
+        steps = list(steps)
+        known = list(itertools.takewhile(lambda s: self.batches(s) is not None, steps))
+        self.policy.eval()
+        with torch.no_grad(), self.rt.autocast:
+            for s in tqdm(known, "reference log-probs", disable=self.rt.rank != 0 or len(known) < 2, leave=False):
+                head = (self.rt.head_dtype, self.rt.logps_temperature)
+                self.held["ahead"][s] = [self.token_logps(self.policy, *b, *head).cpu() for b in self.batches(s)]
+        self.policy.train()
+        if hasattr(self.policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
+            self.policy.reshard()
+        return steps[len(known) :]
+
+
+@torch.no_grad()
+def swap_weights(policy, weights):
+    """Exchange the policy's parameters with `weights` (CPU tensors), one tensor at a time."""
+    if hasattr(policy, "reshard"):
+        policy.reshard()
+    for p, w in zip(policy.parameters(), weights):
+        held = local(p).to("cpu", copy=True)
+        local(p).copy_(w)
+        w.copy_(held)
