@@ -81,6 +81,9 @@ def parse_args(Args, name, checks):
     parser = transformers.HfArgumentParser(Args)
     parser.error = lambda message: fail(True, message)  # one line, not argparse's usage block (e.g. a bad choice)
     parser.allow_abbrev = False  # --max_step is a typo, not --max_steps
+    run = {f.name for f in fields(RunArgs)}  # --help: the method's flags first (a subclass's fields come last)
+    for actions in [parser._actions] + [group._group_actions for group in parser._action_groups]:
+        actions.sort(key=lambda action: action.dest in run)
     signal.signal(signal.SIGINT, lambda *_: fail(True, "interrupted before training began"))  # no traceback
     args, unknown = parser.parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
     fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")

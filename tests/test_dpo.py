@@ -781,13 +781,16 @@ def test_sync_timing_end_to_end(dpo_run):
     assert sync_k2[:2] == plain[:2] and sync_k2[2] != plain[2]
 
 
-def test_help_lists_every_argument():
+def test_help_lists_every_argument_the_methods_first():
     proc = subprocess.run(
         [sys.executable, "dpo_humanline.py", "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for f in dataclasses.fields(Args):
-        assert f"--{f.name}" in proc.stdout, f.name
+    listed = [line.split()[0].rstrip(",") for line in proc.stdout.splitlines() if line.startswith("  --")]
+    names = [f.name for f in dataclasses.fields(Args)]
+    assert sorted(listed) == sorted(f"--{n}" for n in names + ["no_fp32_head"])
+    run = {f.name for f in dataclasses.fields(plumbing.RunArgs)}
+    assert listed[0] == "--offline" and listed.index("--reward_threshold") < min(listed.index(f"--{n}") for n in run)
 
 
 @pytest.mark.parametrize("extra", [HUMANLINE, SYNC_ONLY_K2], ids=["humanline", "sync_humanline_every_2"])

@@ -31,7 +31,7 @@ BUDGET = {  # lines and bytes as ruff formats the script; at most 10% of its lin
     "kto_humanline.py": (480, 29_000),
     "grpo_humanline.py": (560, 34_000),
 }
-MODULE_BUDGET = 880  # plumbing.py's lines, as ruff formats it
+MODULE_BUDGET = 885  # plumbing.py's lines, as ruff formats it
 SHARED_METHOD = (  # copied into the three scripts, identical
     "clamped_fraction",
     "ReferenceModel",
