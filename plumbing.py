@@ -4,10 +4,10 @@ format and its one-line errors, scorers, generation and evaluation, checkpoints 
 trackers, signals.
 
 Nothing here decides what a training step computes: the loss, the reference and its sync, batching and log-probs, the
-sharding, the optimizer and the loop are in each script, in run order (the default way to hold the reference,
-without a second model, is ref_free.py). This module is imported rather than copied
-(as CleanRL's scripts import cleanrl_utils) because it is the same for the three methods: a fix is made once. It
-imports no script; a script passes it what it needs of its own (its Args, token_logps, a step's batches).
+sharding, the optimizer and the loop are in each script, in run order (the default way to hold the reference, without
+a second model, is ref_free.py). This module is imported rather than copied (as CleanRL's scripts import
+cleanrl_utils) because it is the same for the three methods: a fix is made once. It imports no script; a script
+passes it what it needs of its own (its Args and checks, its token_logps for the check at load).
 """
 
 import hashlib

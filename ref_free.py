@@ -5,8 +5,8 @@ ReferenceModel). This holds the same reference without the copy: at the moment t
 weights, the policy itself computes, with those very weights, the log-probs the reference will be asked for until the
 next sync, and keeps them on the CPU. The loop's lines are the same in both ways: `reference.logps(step, micro,
 inputs)` in the step, `reference.sync(policy, step)` in optimizer_step, `reference.reset(policy, step)` at step 0
-and at an online round's start. The values are the same too (tests/test_dpo.py checks them step by step); what
-changes is one model in memory instead of two, and the reference's forwards run at the sync point.
+and at an online round's start. The values are the same too (tests/test_performance.py compares the two step by
+step); what changes is one model in memory instead of two, and the reference's forwards run at the sync point.
 """
 
 import itertools
