@@ -340,6 +340,15 @@ def max_steps_of(flags):
     return int(flags[flags.index("--max_steps") + 1]) if "--max_steps" in flags else 120
 
 
+def run_script(cmd, env, log_path):
+    """Run one command, its output in log_path: its exit code and its own CPU seconds (user + system), which a busy
+    machine does not inflate as it does wall time."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+
+
 def launch(results, suite, name, script, flags, seed):
     out = os.path.join(results, "runs", suite, run_key(name, seed))
     cmd = [
@@ -357,11 +366,9 @@ def launch(results, suite, name, script, flags, seed):
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     t0 = time.time()
-    with open(os.path.join(out, "log.txt"), "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)  # the run's own CPU time (user + system), robust to a busy machine
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({os.waitstatus_to_exitcode(status)}); see {out}/log.txt")
+    code, cpu_seconds = run_script(cmd, env, os.path.join(out, "log.txt"))
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({code}); see {out}/log.txt")
     for file in os.listdir(out):  # keep the metrics, drop the weights
         if file not in ("metrics.jsonl", "args.json", "log.txt"):
             p = os.path.join(out, file)
@@ -369,7 +376,7 @@ def launch(results, suite, name, script, flags, seed):
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{time.time() - t0:.1f}\n")
     with open(os.path.join(out, "cpu_seconds"), "w") as f:  # last: its presence marks a complete folder
-        f.write(f"{usage.ru_utime + usage.ru_stime:.1f}\n")
+        f.write(f"{cpu_seconds:.1f}\n")
     os.remove(os.path.join(out, "log.txt"))
 
 

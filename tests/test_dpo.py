@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+import warm
 from conftest import make_session
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -650,7 +651,7 @@ def launch(extra, out, nproc=1):
         "--output_dir",
         str(out),
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    proc = warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     return Run(cmd, str(out), proc)
 
 
@@ -748,7 +749,7 @@ def test_online_rounds_count_the_completions_cut_by_max_new_tokens(dpo_run):
 
 def test_an_online_run_whose_samples_would_be_cut_before_training_is_refused(tmp_path):
     # prompt 16 + completion 40 > 24: the tail a reward scored (a math answer) would be cut before the loss sees it
-    proc = subprocess.run(
+    proc = warm.run(
         [
             sys.executable,
             "dpo_humanline.py",
@@ -761,6 +762,7 @@ def test_an_online_run_whose_samples_would_be_cut_before_training_is_refused(tmp
             str(tmp_path / "out"),
         ],
         cwd=ROOT,
+        env=ENV,
         capture_output=True,
         text=True,
     )
@@ -782,7 +784,7 @@ def test_sync_timing_end_to_end(dpo_run):
 
 
 def test_help_lists_every_argument_the_methods_first():
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "dpo_humanline.py", "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

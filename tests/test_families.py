@@ -7,13 +7,13 @@ import contextlib
 import json
 import math
 import os
-import subprocess
 import sys
 from unittest import mock
 
 import pytest
 import torch
 import transformers
+import warm
 
 import dpo_humanline as dpo
 import memory_plan
@@ -123,7 +123,7 @@ def test_each_script_trains_a_model_of_another_family(script, family, nproc, sav
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     flags = ["--humanline", "--max_steps", "2", "--batch_size", "8", "--micro_batch_size", "2"]
     flags += ["--eval_prompts", "none", "--save_every", "0", "--max_length", "64", "--max_prompt_length", "24"]
-    proc = subprocess.run(
+    proc = warm.run(
         [*(launch if nproc > 1 else [sys.executable]), script, "--model_name_or_path", str(saved(family)), *flags]
         + ["--output_dir", str(tmp_path / "run")],
         cwd=ROOT,

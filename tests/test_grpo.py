@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import warm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import ref_free
@@ -561,7 +562,7 @@ def grpo_run(toy, tmp_path_factory):
                 "--output_dir",
                 str(out),
             ]
-            proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+            proc = warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
             cache[key] = Run(cmd, str(out), proc)
         return cache[key]
 
@@ -655,9 +656,7 @@ def test_resume_restores_the_sample_buffer_and_the_learning_rate(grpo_run, tmp_p
         "--output_dir",
         str(out),
     ]
-    resumed = Run(
-        cmd, str(out), subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    ).check()
+    resumed = Run(cmd, str(out), warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)).check()
     assert "resumed from" in resumed.proc.stdout and "checkpoint-2" in resumed.proc.stdout
     assert resumed.records[: len(resumed.records) - 4] == [
         r for r in full.records if r["step"] <= 2

@@ -6,13 +6,13 @@ import copy
 import json
 import math
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 import torch
+import warm
 
 import kto_humanline as kto
 import plumbing
@@ -295,7 +295,7 @@ def run_all(jobs, root):
     env = dict(os.environ, OMP_NUM_THREADS="1")
 
     def run(name):
-        return subprocess.run(
+        return warm.run(
             jobs[name] + ["--output_dir", str(root / name)],
             cwd=ROOT,
             env=env,

@@ -21,6 +21,7 @@ import sys
 from unittest import mock
 
 import pytest
+import warm
 
 import plumbing
 
@@ -382,7 +383,7 @@ def test_the_default_output_dir_tells_runs_of_other_settings_apart():
 
 def test_the_real_command_line_prints_one_line_and_exits_1(files, toy):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "grpo_humanline.py", "--dataset", str(files / "no_rejected.jsonl")],
         cwd=ROOT,
         env=env,

@@ -17,12 +17,12 @@ import os
 import runpy
 import shutil
 import signal
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
+import warm
 from transformers import AutoModelForCausalLM
 
 import dpo_humanline
@@ -97,7 +97,7 @@ def launch_two_processes(script, flags, out):
         "--output_dir",
         str(out),
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    proc = warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return records(out)
 

@@ -29,6 +29,7 @@ from unittest import mock
 
 import pytest
 import torch
+import warm
 from conftest import make_session
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -63,9 +64,7 @@ def command(script, extra, out, nproc=1):
 
 
 def run(script, extra, out, nproc=1):
-    return subprocess.run(
-        command(script, extra, out, nproc), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
-    )
+    return warm.run(command(script, extra, out, nproc), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
 
 
 def run_here(script, extra, out):

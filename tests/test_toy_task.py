@@ -12,6 +12,7 @@ import sys
 import datasets
 import pytest
 import torch
+import warm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import toy_task
@@ -234,7 +235,7 @@ def test_every_script_evaluates_the_starting_policy_at_step_0(script, toy, tmp_p
     """metrics.jsonl starts where training starts: a step-0 evaluation of the starting policy, equal to
     scoring its greedy completions directly."""
     out = tmp_path / "run"
-    proc = subprocess.run(
+    proc = warm.run(
         [
             sys.executable,
             script,
