@@ -6,7 +6,6 @@ dtype, and the memory plan against measured peaks. tests/test_cuda.py runs the s
 import json
 import math
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 from unittest import mock
@@ -14,6 +13,7 @@ from unittest import mock
 import gpu_path_helper
 import pytest
 import torch
+import warm
 from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
@@ -192,7 +192,7 @@ def fsdp_model(tmp_path_factory):
 def fsdp_results(fsdp_model, tmp_path_factory):
     """One 2-process FSDP2 run (gloo) of tests/gpu_path_helper.py: loading and generation."""
     tmp = tmp_path_factory.mktemp("fsdp_results")
-    proc = subprocess.run(
+    proc = warm.run(
         [*TORCHRUN, HELPER, "fsdp", str(fsdp_model), str(tmp / "out.json")],
         cwd=ROOT,
         capture_output=True,
@@ -216,7 +216,7 @@ def trained(tmp_path_factory):
     gpu_path_helper.pairs_file(tmp / "pairs.jsonl", 16, 8, 24)
     out = {}
     for precision in ("fp32", "bf16"):
-        proc = subprocess.run(
+        proc = warm.run(
             [*TORCHRUN, HELPER, "train", model, str(tmp / "pairs.jsonl"), str(tmp / precision), precision],
             cwd=ROOT,
             capture_output=True,
@@ -282,7 +282,7 @@ def test_under_bf16_the_log_ratio_humanline_trains_on_stays_near_the_fp32_one_an
 
     def abs_log_ratio(*flags):
         out = tmp_path / "-".join(flags)
-        proc = subprocess.run(
+        proc = warm.run(
             [
                 *TORCHRUN,
                 "grpo_humanline.py",
@@ -372,7 +372,7 @@ def test_checkpoints_are_written_in_the_models_dtype_rotated_and_the_final_model
     AutoModelForCausalLM.from_pretrained(toy.model, dtype=torch.bfloat16).save_pretrained(bf16)
     AutoTokenizer.from_pretrained(toy.model).save_pretrained(bf16)
     out = tmp_path / "run"
-    proc = subprocess.run(
+    proc = warm.run(
         [
             sys.executable,
             "dpo_humanline.py",
@@ -455,7 +455,7 @@ def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, tmp_pat
     malloc keeps a fixed mmap threshold, so that freed tensors leave the resident set as they would leave a GPU."""
     config, flags = PEAK_SHAPES[name]
     shape = json.dumps({"config": config, "flags": {**flags, "precision": "fp32"}})
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, HELPER, "peak", shape, str(tmp_path / "out.json")],
         cwd=ROOT,
         capture_output=True,
@@ -478,7 +478,7 @@ def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, tmp_pat
 def test_one_process_samples_trains_and_evaluates_under_bf16_autocast(script, flags, tmp_path):
     """The single-GPU path (autocast, no FSDP2) taken on a CPU: sampling, scoring, training and evaluation in bf16
     run, and the log-probs and losses they give are finite."""
-    proc = subprocess.run(
+    proc = warm.run(
         [
             sys.executable,
             script,

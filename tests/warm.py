@@ -71,6 +71,8 @@ class Servers:
         """Run `python argv...` (on nproc processes) from a warm server, its output appended to the files stdout and
         stderr (they may be one file): {"returncode", "timed_out", "cpu_seconds" (user + system, its workers')}."""
         env = dict(os.environ if env is None else env)
+        if nproc > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it for several workers
         key, proc = self.take(env)
         request = {"argv": argv, "nproc": nproc, "cwd": os.path.abspath(cwd or os.getcwd()), "env": env}
         proc.stdin.write(json.dumps(request | {"stdout": stdout, "stderr": stderr, "timeout": timeout}) + "\n")
