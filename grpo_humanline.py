@@ -22,7 +22,7 @@ trust_region`, `--clip sampling`.
 Where this script departs from the paper (the full table, with flags: docs/paper-runs.md):
 1. No second model holds the reference (`--ref_free on`, the default): where the reference would
    take the policy's weights, the policy computes the log-probs it would give (the same values).
-2. The loss is normalised over the step's tokens, across micro-batches and processes.
+2. The loss is normalised over the step's tokens (both authors' codes: per micro-batch).
 3. Groups of two get advantages -1 and +1 exactly; the authors' code divides by std + 0.01.
 4. Math, where the paper is silent: KL coefficient 0.01 against the ratio's denominator, clip 0.15,
    log-probs at temperature 1 (the authors': 1e-4, 0.2, 0.7, set by docs/paper-runs.md's command).

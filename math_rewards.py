@@ -1,7 +1,7 @@
 """The verifiable math rewards GRPO can train on (Open-R1's), with TRL's reward-function signature
 f(prompts, completions, **columns) -> list of floats: `tag_count`, `format` and `accuracy` (which needs a
 `solution` column). `--reward_funcs tag_count,format,accuracy` names them; `--system_prompt r1` is Open-R1's
-<think>/<answer> system prompt."""
+<think>/<answer> system prompt, `--system_prompt humanline_math` the one of the paper's math runs."""
 
 import re
 from fractions import Fraction
@@ -12,7 +12,13 @@ R1_SYSTEM_PROMPT = (
     "process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e., "
     "<think> reasoning process here </think><answer> answer here </answer>"
 )
-SYSTEM_PROMPTS = {"r1": R1_SYSTEM_PROMPT}
+# the authors' math recipes (open-r1-humanline, recipes/Qwen2.5-1.5B-Instruct/grpo/): tags on lines of their own
+HUMANLINE_MATH_SYSTEM_PROMPT = (
+    "You are a helpful AI Assistant that provides well-reasoned and detailed responses. You first think about the "
+    "reasoning process as an internal monologue and then provide the user with the answer. Respond in the following "
+    "format: <think>\n...\n</think>\n<answer>\n...\n</answer>"
+)
+SYSTEM_PROMPTS = {"r1": R1_SYSTEM_PROMPT, "humanline_math": HUMANLINE_MATH_SYSTEM_PROMPT}
 
 
 def completion_text(completion):

@@ -46,7 +46,7 @@ class RunArgs:
 
     eval_prompts: str = arg("toy", "Held-out prompts: 'toy' (test split), 'toy:valid', a hub name, a file, or 'none'.")
     as_chat: bool = arg(False, "Wrap plain-string prompts as a user message (chat template).")
-    system_prompt: str = arg("", "With --as_chat, a system message first ('r1': Open-R1's prompt).")
+    system_prompt: str = arg("", "With --as_chat, a system message: text, r1 (Open-R1's), humanline_math (paper's).")
     trust_remote_code: bool = arg(False, "Allow custom model code from the hub.")
     on_bad_reward: Literal["drop", "stop"] = arg(
         "drop", "A reward that is NaN, None or raises: drop that sample (counted), or stop the run."

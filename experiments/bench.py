@@ -6,7 +6,7 @@
     python experiments/bench.py --trl --models 30m --repeats 5 --steps 16            # DPO beside TRL's DPOTrainer
     python experiments/bench.py --trl --algos grpo --models toy --steps 5 --repeats 5 # GRPO beside TRL's GRPOTrainer
 
-(--trl needs TRL: pip install -r experiments/requirements.txt.) Without --trl:
+(--trl uses TRL, which requirements.txt installs.) Without --trl:
 
 For each model and algorithm, every configuration trains on the same offline batches, step for step (the online
 rows excepted, which train on what they sample):
@@ -56,9 +56,10 @@ import sys
 import tempfile
 import time
 
-import plumbing
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # `python experiments/bench.py` from anywhere: the scripts and plumbing are in the root
+import plumbing  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "experiments", "results")
 SCRIPTS = {"dpo": "dpo_humanline.py", "kto": "kto_humanline.py", "grpo": "grpo_humanline.py"}
 # --batch_size per model and algorithm (one micro-batch per step): 64 sequences a step on the toy model (DPO: 32 pairs,
@@ -920,7 +921,6 @@ def main():
     p.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--samples", default="", help=argparse.SUPPRESS)
-    sys.path.insert(0, ROOT)
     if sys.argv[1:2] == ["--record"]:  # a worker: the script, its samples kept
         return record_samples(sys.argv[2], sys.argv[3:])
     opts = p.parse_args()

@@ -11,13 +11,13 @@ import math
 import os
 import re
 import runpy
-import shlex
 import signal
 import sys
 import tempfile
 from types import SimpleNamespace
 from unittest import mock
 
+import documented
 import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -466,24 +466,15 @@ TABLE_3 = {
 
 
 def commands():
-    """Every command line that runs one of the scripts, in the docstrings and in the code blocks of the README and
-    docs/: (where, script, its flags, the process count torchrun gives it)."""
-    texts = [(f"{n}_humanline.py docstring", m.__doc__) for n, m in SCRIPTS.items()]
-    for page in ["README.md"] + sorted(os.path.join("docs", p) for p in os.listdir(os.path.join(ROOT, "docs"))):
-        with open(os.path.join(ROOT, page)) as f:
-            texts += [(page, block) for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", f.read(), re.S)]
-    found = []
-    for where, text in texts:
-        for line in text.replace("\\\\\n", " ").replace("\\\n", " ").splitlines():
-            words = shlex.split(re.split(r"\s#", line)[0].strip()) if "_humanline.py" in line else []
-            script = next((w for w in words if re.fullmatch(r"(dpo|kto|grpo)_humanline\.py", w)), None)
-            # not a run: placeholders, --help, --plan_only, or the user's own files (my_*), which do not exist here
-            if script and not any(w.startswith(("$", "<", "my_")) or w in ("--help", "--plan_only") for w in words):
-                i = words.index(script)
-                nproc = int(words[words.index("--nproc_per_node") + 1]) if "--nproc_per_node" in words[:i] else 1
-                nproc *= int(words[words.index("--nnodes") + 1]) if "--nnodes" in words[:i] else 1  # processes in all
-                found.append((where, script.split("_")[0], words[i + 1 :], nproc))
-    return found
+    """Every documented command that runs one of the scripts (tests/documented.py collects them), but those that
+    stop before a run (--help, --plan_only) and those that name the user's own files (my_*, absent here):
+    (page:line, algorithm, its flags, the processes torchrun gives it)."""
+    return [
+        (c.where, c.file.split("_")[0], c.argv, c.nproc)
+        for c in documented.commands()
+        if c.file in {f"{n}_humanline.py" for n in SCRIPTS}
+        and not any(w.startswith("my_") or w in ("--help", "--plan_only") for w in c.argv)
+    ]
 
 
 def local_config(name, args):
@@ -542,7 +533,7 @@ def test_without_max_steps_a_run_takes_one_pass_over_its_data_and_prints_its_pla
 def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_papers_runs_carry_table_3():
     found = commands()
     assert {a for _, a, _, _ in found} == {"dpo", "kto", "grpo"} and len(found) >= 12
-    papers = set()
+    papers, maths = set(), []
     for where, algo, argv, world in found:
         try:
             split = (
@@ -565,7 +556,7 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
             assert not (algo == "grpo" and args.online) or args.pairs_from_samples, f"{where}: Algorithm 1's pairs"
             assert args.lr_scheduler == "constant", f"{where}: the authors hold the rate after warmup"
             papers.add(key)
-        if "Qwen/Qwen2.5-1.5B-Instruct" in argv:  # the math run, with the authors' values where the paper is silent
+        if "Qwen/Qwen2.5-1.5B-Instruct" in argv:  # the math run: the authors' recipe for [-1.5, 1.5] and k = 16
             assert (
                 args.max_steps,
                 args.beta,
@@ -575,12 +566,21 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
                 args.advantage_std,
                 args.lr_scheduler,
             ) == (1600, 1e-4, 0.2, "reference", 0.7, "sample", "constant"), where
+            assert (args.learning_rate, args.batch_size // world, args.micro_batch_size) == (1e-6, 32, 8), where
+            assert (args.sample_every, args.sync, args.sync_every, args.clip) == (64, "humanline", 16, "clamp"), where
+            assert (args.log_eps_P, args.log_eps_R, args.temperature, args.top_p) == (-1.5, 1.5, 0.7, 1.0), where
+            assert (args.adam_eps, args.weight_decay, args.num_generations, args.max_new_tokens) == (1e-8, 0, 8, 2048)
+            assert (args.dataset, args.system_prompt) == ("simplescaling/openaimath", "humanline_math"), where
+            weights = dict(zip(args.reward_funcs.split(","), map(float, args.reward_weights.split(","))))
+            assert weights == {"accuracy": 8, "format": 1, "tag_count": 1}, where
+            maths.append(where)
         if world > 1:  # a GPU run: it fits an 80 GB GPU by the plan, in bf16
             args.precision = "bf16"
             with mock.patch.object(memory_plan, "read_config", local_config):
                 rows = memory_plan.plan(args, algo, world)
             assert memory_plan.peak(rows) <= 80 * 2**30, f"{where}: {' '.join(argv)}\n{memory_plan.table(rows)}"
-    assert {k for k in TABLE_3 if k[0] != "grpo"} <= papers
+    assert papers == set(TABLE_3), f"the paper's runs without a command: {sorted(set(TABLE_3) - papers)}"
+    assert maths, "the paper's math run has no command"
 
 
 def test_a_batch_the_processes_do_not_divide_stops_at_start_up_naming_the_flags():
@@ -597,11 +597,13 @@ def plan_table():
     ]
     seen = set()
     for where, algo, argv, world in commands():
-        if world < 8 or where != os.path.join("docs", "paper-runs.md"):
+        if world < 8 or not where.startswith("docs/paper-runs.md:"):
             continue
         args = parsed(algo, argv, world)
         args.precision = "bf16"
         name = f"{algo.upper()} {'online' if args.online else 'offline'}{' + humanline' if args.humanline else ''}"
+        math = "accuracy" in getattr(args, "reward_funcs", "")  # the math run
+        name = name.replace("GRPO online", "GRPO math, off-policy") if math else name
         if name in seen:
             continue
         seen.add(name)

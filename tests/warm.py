@@ -3,8 +3,9 @@
 A script launched with `python` spends about 5 s importing torch, transformers and FSDP before it computes anything
 (`torchrun` adds its own import and two at once), and the suite launches the scripts about a hundred times.
 `run(cmd, ...)` takes such a command and forks the script from one warm server instead: the child is a new process
-(its own globals, signal handlers, exit code, stdout and stderr, a normal interpreter exit); only the third-party
-imports are already done. `torchrun --standalone --nproc_per_node N script ...` becomes N children with the
+(its own globals, signal handlers, exit code, stdout and stderr; at its end what the interpreter's exit does that a
+script can see, without the second it takes to tear the libraries down); only the third-party imports are already
+done. `torchrun --standalone --nproc_per_node N script ...` becomes N children with the
 variables torchrun gives its workers; when one fails the others are stopped, as torchrun does.
 
 It answers like `subprocess.run(cmd, capture_output=True, text=True)`. Commands it cannot take exactly go to
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # read when a library is imported: commands that differ in one of these go to different servers
@@ -135,6 +137,7 @@ def fork_worker(request, extra_env):
 
 
 def serve():
+    import gc
     import runpy
 
     import datasets  # noqa: F401
@@ -148,6 +151,7 @@ def serve():
     from transformers.models.llama import modeling_llama  # noqa: F401
 
     transformers.AutoModelForCausalLM  # noqa: B018  (resolves the lazy module)
+    gc.freeze()  # what is imported stays out of the children's collections (and out of exit_now's file search)
     for line in sys.stdin:
         request = json.loads(line)
         nproc = request["nproc"]
@@ -171,11 +175,18 @@ def serve():
                     "TORCHELASTIC_RUN_ID": "warm",
                 }
             pid = fork_worker(request, extra)
-            if pid is None:  # the child: run the script as `python script.py ...` would, then exit normally
+            if pid is None:  # the child: run the script as `python script.py ...` would, then exit as it would
                 sys.argv = request["argv"]
                 sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-                runpy.run_path(sys.argv[0], run_name="__main__")
-                sys.exit(0)
+                try:
+                    runpy.run_path(sys.argv[0], run_name="__main__")
+                    code = 0
+                except SystemExit as e:
+                    code = interpreter_exit_code(e)
+                except BaseException:  # noqa: BLE001  (as the interpreter: the traceback, exit code 1)
+                    traceback.print_exc()
+                    code = 1
+                exit_now(code)
             pids[pid] = rank
         codes, timed_out, kill_at, cpu = {}, False, None, 0.0
         deadline = time.time() + request["timeout"] if request["timeout"] else None
@@ -197,6 +208,36 @@ def serve():
         failed = [c for c in codes.values() if c != 0]
         returncode = 0 if not failed else (failed[0] if nproc == 1 else 1)
         print(json.dumps({"returncode": returncode, "timed_out": timed_out, "cpu_seconds": cpu}), flush=True)
+
+
+def interpreter_exit_code(e):
+    """The exit code of an uncaught SystemExit, its message printed as the interpreter prints it."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def exit_now(code):
+    """What the interpreter's exit does that a script can see (non-daemon threads joined, atexit handlers run, every
+    open file flushed), without tearing down every module: with torch loaded that takes about 1 s per process, most
+    of it copying the pages a fork shares with the server."""
+    import atexit
+    import gc
+    import io
+    import threading
+
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for f in gc.get_objects():
+        if issubclass(type(f), io.IOBase) and not f.closed:
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def signal_all(pids, sig):
