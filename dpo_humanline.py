@@ -266,7 +266,8 @@ def setup(args):
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # weights stay fp32
     rt = SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, dtype=dtype)
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
-    rt.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    # a new context at each use: one autocast object entered again inside itself leaves autocast on at its exit
+    rt.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
     rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 
@@ -377,7 +378,7 @@ def main():
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         for micro, (pairs, sequences) in enumerate(forwards):
             inputs = collate(sequences, tokenizer.pad_token_id, rt.device)
-            with rt.autocast:
+            with rt.autocast():
                 ref_logps = reference.logps(state.step, micro, inputs)
                 policy_logps = token_logps(policy, *inputs, rt.head_dtype)
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs

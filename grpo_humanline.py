@@ -325,7 +325,8 @@ def setup(args):
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # weights stay fp32
     rt = SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, dtype=dtype)
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
-    rt.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    # a new context at each use: one autocast object entered again inside itself leaves autocast on at its exit
+    rt.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
     rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 
@@ -365,6 +366,8 @@ def main():
         group = 2 if a.offline or a.pairs_from_samples else a.num_generations
         online_only = a.offline and given & {"sample_every", "reward_funcs", "reward_weights"}
         pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
+        on_policy = a.online and a.sample_every == 1 and not a.pairs_from_samples and a.sync == "none"
+        idle_beta = on_policy and a.kl_baseline == "reference" and "beta" in given  # the baseline: the policy
         funcs = (a.reward_funcs or "x").split(",")
         weights = (a.reward_weights or a.reward_funcs or "x").split(",")
         return [
@@ -376,6 +379,8 @@ def main():
             (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
             (a.batch_size % group, f"--batch_size {a.batch_size}: a multiple of the group size {group}"),
             (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
+            (idle_beta, "--beta: on-policy the KL is to the sampler, the policy itself, so 0; --kl_baseline initial"),
+            (a.kl_baseline == "initial" and a.beta == 0, "--kl_baseline initial acts only with --beta above 0"),
         ]
 
     args = plumbing.parse_args(Args, "grpo", checks)  # a bad flag stops with one line
@@ -492,7 +497,7 @@ def main():
         sums, head = {}, (rt.head_dtype, rt.logps_temperature)
         for micro, (seqs, sequences) in enumerate(forwards):
             inputs = collate(sequences, tokenizer.pad_token_id, rt.device)
-            with rt.autocast:
+            with rt.autocast():
                 ref_logps = reference.logps(state.step, micro, inputs) if reference else None
                 with torch.no_grad():
                     base_logps = token_logps(base, *inputs, *head) if base is not None else None

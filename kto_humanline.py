@@ -294,7 +294,8 @@ def setup(args):
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # weights stay fp32
     rt = SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, dtype=dtype)
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
-    rt.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    # a new context at each use: one autocast object entered again inside itself leaves autocast on at its exit
+    rt.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
     rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 
@@ -406,20 +407,23 @@ def main():
             plumbing.fail(len(examples) < args.batch_size, few + " or lower --reward_threshold")
             continue
 
-        # the step: per micro-batch one forward per model on the examples and their KL pairs
+        # the step: per micro-batch the reference on the examples and their KL pairs, the policy on each apart
         sums = {}
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         for micro, (examples, sequences) in enumerate(forwards):
             inputs = collate(sequences, tokenizer.pad_token_id, rt.device)
-            with rt.autocast:
+            n = len(examples)  # the examples first, then their KL pairs
+            with rt.autocast():
                 ref_logps = reference.logps(state.step, micro, inputs)
-                policy_logps = token_logps(policy, *inputs, rt.head_dtype)
+                with torch.no_grad():  # the KL pairs only set z0, which passes no gradient: no activations kept
+                    kl_logps = token_logps(policy, *(x[n:] for x in inputs), rt.head_dtype)
+                policy_logps = token_logps(policy, *(x[:n] for x in inputs), rt.head_dtype)
+            policy_logps = torch.cat([policy_logps, kl_logps])
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
             bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached
                 sample = humanline_sampling.apply_humanline_sampling
                 policy_logps, _ = sample(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
-            n = len(examples)  # the examples first, then their KL pairs
             desirable = torch.tensor([d for _, _, d in examples], dtype=torch.bool, device=rt.device)
             # ALGO LOGIC: z0 from this forward's KL pairs on every process (all-reduced), no gradient
             kl = kto_kl_estimate(

@@ -97,7 +97,7 @@ def plan(args, script, world, config=None, gpu=True):
     extra = (getattr(args, "ref_free", "on") == "off" and not on_policy) + (
         script == "grpo" and args.kl_baseline == "initial" and (args.online or args.sync != "none")
     )
-    seqs = args.micro_batch_size * (1 if script == "grpo" else 2)  # DPO: chosen + rejected; KTO: + KL pairs
+    seqs = args.micro_batch_size * (2 if script == "dpo" else 1)  # DPO: chosen + rejected (KTO's KL rows: no grad)
     tokens = seqs * args.max_length
     rows = [
         (
@@ -161,14 +161,36 @@ def plan(args, script, world, config=None, gpu=True):
     return rows
 
 
-def report(args, script, world, details=False):
-    """What a run prints at start-up: the peak, or with `details` (--plan_only) the table for a GPU."""
-    import torch
-
-    rows = plan(args, script, world, gpu=details or torch.cuda.is_available())
+def report(args, world, rows, config, details=False):
+    """What a run prints at start-up: the peak and a checkpoint's size, or with `details` (--plan_only) the table."""
+    per_process = f"{world} process{'es' * (world > 1)}, {args.precision}, micro-batches of {args.micro_batch_size}"
+    kept = f"{args.save_total_limit or 'all'} kept (--save_total_limit)"
+    ckpt = f"a checkpoint: {checkpoint_bytes(config) / GIB:.1f} GiB on disk, {kept}"
     if details:
-        return table(rows)
-    return f"memory plan: {peak(rows) / GIB:.2f} GiB per process at the peak (--plan_only: the details)"
+        return table(rows, per_process) + f"\n  {ckpt}"
+    summary = f"memory plan: {peak(rows) / GIB:.2f} GiB per process at the peak ({per_process}; --plan_only: details)"
+    return f"{summary}; {ckpt}"
+
+
+def checkpoint_bytes(config):
+    """A checkpoint's files: the model in its own dtype, and the fp32 weights and AdamW's two moments of every
+    process's shard (12 bytes a parameter in all)."""
+    dtype = str(getattr(config, "dtype", None) or "float32")
+    return shapes(config).params * ((2 if "16" in dtype else 4) + 12)
+
+
+def too_big(rows, device, args):
+    """The one line a GPU run whose plan does not fit stops with: the flags that lower its largest phase."""
+    phase = max(("train", "generate", "score"), key=lambda p: sum(v for _, v, q in rows if q == p))
+    lower = {
+        "train": "--micro_batch_size, --max_length" + ", --gradient_checkpointing" * (not args.gradient_checkpointing),
+        "generate": "--generation_batch_size, --max_new_tokens" + ", --num_eval_prompts" * (not args.online),
+        "score": "--reward_batch_size",
+    }[phase]
+    return (
+        f"memory plan: {peak(rows) / GIB:.1f} GiB per process at the peak, above this GPU's {device / GIB:.1f} GiB "
+        f"(most in {phase}): lower {lower}, or add processes; --ignore_memory_plan starts anyway (an estimate)"
+    )
 
 
 def peak(rows):
@@ -176,9 +198,9 @@ def peak(rows):
     return both + max(sum(v for _, v, p in rows if p == phase) for phase in ("train", "generate", "score"))
 
 
-def table(rows, gpu_gib=80):
+def table(rows, per_process="", gpu_gib=80):
     """The plan as a table, with the peak and whether it fits a GPU of `gpu_gib`."""
-    out = [f"memory plan per process, GiB ({'phase':>8}: 'both' is held throughout)"]
+    out = [f"memory plan per process ({per_process}), GiB ({'phase':>8}: 'both' is held throughout)"]
     out += [f"  {name:<58} {phase:>8} {v / GIB:8.2f}" for name, v, phase in rows if v]
     total = peak(rows) / GIB
     out.append(

@@ -58,13 +58,14 @@ class RunArgs:
     num_eval_prompts: int = arg(256, "Held-out prompts per evaluation.")
     output_dir: str = arg("", "Default: runs/<script>-<mode>-seed<seed>.")
     save_every: int = arg(50, "Checkpoint every N steps (0: only at the end).")
-    save_total_limit: int = arg(0, "Keep only the newest N checkpoints (0: all).")
+    save_total_limit: int = arg(2, "Keep the newest N checkpoints (resume needs 1; 0: all).")
     resume: bool = arg(False, "Continue from the newest checkpoint in --output_dir.")
     overwrite_output_dir: bool = arg(False, "Replace the run in --output_dir (else another run's folder is refused).")
     report_to: str = arg("none", "Also log to tensorboard, wandb, or both (tensorboard,wandb); metrics.jsonl always.")
     log_every: int = arg(1, "Write metrics every N steps.")
     dist_timeout: int = arg(1800, "Seconds a collective waits: a dead process stops the run.")
     plan_only: bool = arg(False, "Print the memory plan per GPU for these flags and exit (loads no weights).")
+    ignore_memory_plan: bool = arg(False, "Start on a GPU even where the plan's peak is above its memory.")
     precision: Optional[Literal["bf16", "fp32"]] = arg(
         None, "Compute dtype; unset: bf16 on a GPU, else fp32 (weights, gradients and AdamW stay fp32)."
     )
@@ -95,8 +96,6 @@ def parse_args(Args, name, checks):
     args.offline = not args.online
     args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
     world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
-    if args.micro_batch_size is None:  # one forward per process and step
-        args.micro_batch_size = max(1, args.batch_size // world)
     positive = "max_steps batch_size micro_batch_size sync_every max_bad_steps round_size max_new_tokens log_every "
     for rule, ok, flags in [
         ("at least 1", lambda v: v is None or v >= 1, positive + "generation_batch_size reward_batch_size"),
@@ -119,9 +118,7 @@ def parse_args(Args, name, checks):
     longest = args.max_prompt_length + args.max_new_tokens
     cut = f"--max_prompt_length + --max_new_tokens = {longest} is above --max_length {args.max_length}: samples would"
     fail(args.online and longest > args.max_length, cut + " be cut before training")
-    batch = f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes"
-    fail(args.batch_size % (args.micro_batch_size * world), f"{batch} = {args.micro_batch_size} x {world}")
-    args.precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
+    args.precision = args.precision or ("bf16" if torch.cuda.is_available() or args.plan_only else "fp32")
     for flag in ("model_name_or_path", "dataset", "eval_prompts", "reward_model"):
         value = getattr(args, flag)  # a path, not a hub name: it starts with ., / or ~ or ends in a data file's suffix
         local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in SUFFIXES
@@ -130,6 +127,17 @@ def parse_args(Args, name, checks):
         fail(folder and data, f"--{flag} {value}: a directory, not a data file")
         no_model = f"--{flag} {value}: no config.json, not a model folder (a run's model is written at its end)"
         fail(folder and not data and not os.path.exists(os.path.join(value, "config.json")), no_model)
+    config = memory_plan.read_config(args.model_name_or_path, args)  # the plan's, read once
+    toy_model = config.vocab_size == memory_plan.read_config("toy", args).vocab_size  # the toy's, or a copy of it
+    share = max(1, args.batch_size // world)  # unset: the toy one forward per step, another model 4 sequences (pairs)
+    small = max(d for d in range(1, min(4, share) + 1) if share % d == 0)  # (the whole share: 203 GiB at 1.5B)
+    args.micro_batch_size = args.micro_batch_size or (share if toy_model else small)
+    batch = f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes"
+    fail(args.batch_size % (args.micro_batch_size * world), f"{batch} = {args.micro_batch_size} x {world}")
+    for bad, message in toy_defaults(args) if not (toy_model or args.plan_only) else []:  # (a plan is no run)
+        fail(bad, message)
+    fail("sampling_c" in given and args.clip != "sampling", "--sampling_c acts only with --clip sampling")
+    fail(args.offline and given & {"temperature", "top_p"}, "--temperature and --top_p act only with --online")
     for bad, message in checks(args, given):
         fail(bad, message)
     mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "")
@@ -140,8 +148,10 @@ def parse_args(Args, name, checks):
     settings = {k: getattr(args, k) for k in sorted(given - set(RESUMABLE) - set(MODE))}  # the rest, by their digest
     tag = "-" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:6] if settings else ""
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}{tag}-seed{args.seed}")
-    plan = memory_plan.report(args, name, world, details=args.plan_only)  # from the configs alone, on every process
-    if args.plan_only:  # (so that none is late to the start)
+    gpu = torch.cuda.is_available()  # from the configs alone, on every process (so that none is late to the start)
+    rows = memory_plan.plan(args, name, world, config=config, gpu=args.plan_only or gpu)
+    plan = memory_plan.report(args, world, rows, config, details=args.plan_only)
+    if args.plan_only:
         print(plan)
         sys.exit(0)
     rank0 = int(os.environ.get("RANK", 0)) == 0  # (another node's processes may not see the folder: Session says so)
@@ -151,12 +161,31 @@ def parse_args(Args, name, checks):
     fail(taken and not (args.resume or args.overwrite_output_dir), f"--output_dir {args.output_dir} {replace}")
     if rank0:
         print(plan)
+    device = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0))).total_memory if gpu else None
+    over = device and memory_plan.peak(rows) > device and not args.ignore_memory_plan
+    if over and rank0:
+        print(memory_plan.report(args, world, rows, config, details=True))
+    fail(over, over and memory_plan.too_big(rows, device, args))
     parent = args.output_dir  # it is made when training starts: now, check that it can be
     while not os.path.exists(parent):
         parent = os.path.dirname(parent) or "."
     writable = os.path.isdir(parent) and os.access(parent, os.W_OK)
     fail(not writable, f"--output_dir {args.output_dir}: not a writable folder")
     return args
+
+
+def toy_defaults(args):
+    """(stop, message) for what would evaluate or train a model other than the toy's on the toy task by default."""
+    toy = lambda v: v.split(":")[0] in ("toy", "toy_verify")  # noqa: E731  (the built-in data and scorers)
+    evaluates, funcs = args.eval_prompts != "none", getattr(args, "reward_funcs", None)  # GRPO's online rewards
+    funcs = funcs if funcs != "" else "toy" if args.pairs_from_samples else "toy_verify"  # (GRPO's defaults)
+    online = f"--reward_funcs {funcs}" if funcs is not None else f"--reward_model {args.reward_model}"
+    bring = f"(the toy task's) with --model_name_or_path {args.model_name_or_path}: give your own"
+    return [
+        (evaluates and toy(args.eval_prompts), f"--eval_prompts {args.eval_prompts} {bring} held-out prompts, or none"),
+        (evaluates and toy(args.reward_model), f"--reward_model {args.reward_model} {bring} evaluation scorer"),
+        (args.online and any(map(toy, online.split()[1].split(","))), f"{online} {bring} reward to train on"),
+    ]
 
 
 def fail(condition, message):
@@ -260,7 +289,7 @@ def check_logps(model, args, toy, rt, token_logps):
     name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
     ids = torch.arange(3, 11, device=rt.device)[None] % model.config.get_text_config().vocab_size
     try:
-        with torch.no_grad(), rt.autocast:
+        with torch.no_grad(), rt.autocast():
             own = model.eval()(input_ids=ids).logits[0, :-1].float().log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
             ours = token_logps(model, ids, torch.ones_like(ids), torch.ones(ids.shape, device=rt.device), rt.head_dtype)
     except (TypeError, AttributeError, ValueError) as e:  # no hidden states, no logits_to_keep, no output embeddings
@@ -551,7 +580,7 @@ def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt,
     padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
     prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer)) for r in padded]
     prompts = [p[-args.max_prompt_length :] for p in prompts]
-    with rt.autocast:  # one GPU samples in bf16 as it trains
+    with rt.autocast():  # one GPU samples in bf16 as it trains
         seed = stream_seed(args.seed, "sampling", round_index, rt.rank)
         completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval", seed)
     completions, finished = completions[: len(mine) * n], finished[: len(mine) * n]  # not the padding

@@ -71,7 +71,7 @@ class PolicyAsReference:
         steps = list(steps)
         known = list(itertools.takewhile(lambda s: self.batches(s) is not None, steps))
         self.policy.eval()
-        with torch.no_grad(), self.rt.autocast:
+        with torch.no_grad(), self.rt.autocast():
             for s in tqdm(known, "reference log-probs", disable=self.rt.rank != 0 or len(known) < 2, leave=False):
                 head = (self.rt.head_dtype, self.rt.logps_temperature)
                 self.held["ahead"][s] = [self.token_logps(self.policy, *b, *head).cpu() for b in self.batches(s)]

@@ -65,6 +65,37 @@ def run_main(argv, **watch):
         dpo.main()
 
 
+def step0_log_ratio(reference_free, precision="bf16"):
+    """The largest |log pi_theta - log pi_ref| over the completion tokens of the toy's first DPO step, where the
+    reference equals the policy: the policy's training forward (train mode, with gradients, under autocast) against
+    the reference's no-grad eval forward, from a second model or (reference_free) from the policy itself. On the
+    device setup() picks (a GPU where there is one); with k = 1 humanline trains on log-ratios of about 1e-3."""
+    import ref_free
+
+    args = dpo.Args(precision=precision, ref_free="on" if reference_free else "off", max_steps=1, micro_batch_size=8)
+    args.sync, args.clip = "humanline", "clamp"
+    rt = dpo.setup(args)
+    tokenizer, toy = plumbing.load_tokenizer(args)
+    pairs = [(p, c, r) for p, (c, r), _ in plumbing.load_data(args, "preferences", tokenizer, toy, rt)]
+    forwards = dpo.forward_batches(dpo.offline_batch(pairs, 0, args.batch_size, args.seed), args, 0, 1)
+    inputs = [dpo.collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forwards]
+    policy = dpo.load_model(args, toy, rt).to(rt.device).train()
+    if reference_free:
+        batches = lambda s: inputs if s == 0 else None  # noqa: E731
+        reference = ref_free.PolicyAsReference(policy, batches, dpo.token_logps, rt, "humanline", 1, 1)
+    else:
+        reference = dpo.ReferenceModel(dpo.load_model(args, toy, rt).to(rt.device), rt)
+    reference.reset(policy, step=0)
+    worst = 0.0
+    for micro, x in enumerate(inputs):
+        with rt.autocast():
+            ref = reference.logps(0, micro, x)
+            pol = dpo.token_logps(policy, *x, rt.head_dtype)
+        worst = max(worst, (pol - ref)[x[2][:, 1:].bool()].abs().max().item())
+    assert not torch.is_autocast_enabled(rt.device.type)
+    return worst
+
+
 def fsdp(model_dir, out):
     """Two gloo processes: per-rank load memory (up to the log-prob check, whose forward is a training step's), the
     loaded shards, all-gathers per generate call, and the model resharded after it."""

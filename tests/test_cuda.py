@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import gpu_path_helper
 import pytest
 import torch
 
@@ -73,3 +74,12 @@ def test_each_mode_trains_with_fsdp2_on_two_gpus_like_one(name, tmp_path):
     one = run(*RUNS[name], tmp_path / "one")
     two = run(*RUNS[name], tmp_path / "two", nproc=2)
     assert two[0]["loss"] == pytest.approx(one[0]["loss"], rel=0.05, abs=1e-3)
+
+
+@pytest.mark.parametrize("reference_free", [True, False], ids=["reference-free", "two models"])
+def test_at_step_0_the_training_forward_and_the_reference_agree_in_bf16(reference_free):
+    """Where humanline is fragile: at k = 1 it trains on token log-ratios of about 1e-3, and on a GPU the policy's
+    training forward and the reference's no-grad eval forward may take different attention kernels. At step 0 the
+    reference is the policy: the largest |log-ratio| over the completion tokens, bf16 with the fp32 head, is at
+    most 1e-4 for both references (test_first_run.py runs the same check on a CPU)."""
+    assert gpu_path_helper.step0_log_ratio(reference_free) <= 1e-4

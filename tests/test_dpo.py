@@ -278,7 +278,7 @@ def test_the_reference_free_reference_is_the_policy_optimizer_step_syncs_it_to(m
     before updates 2 and 5 (steps 3-5 see the policy as step 2 began), trust region after them; a reset starts it."""
     policy = torch.nn.Linear(1, 1, bias=False)
     policy.weight.data.fill_(float(reset))
-    rt = SimpleNamespace(rank=0, device=torch.device("cpu"), autocast=contextlib.nullcontext())
+    rt = SimpleNamespace(rank=0, device=torch.device("cpu"), autocast=contextlib.nullcontext)
     rt.head_dtype, rt.logps_temperature = torch.float32, 1.0
     read = lambda model, *inputs: model.weight.detach().clone()  # noqa: E731 (the "log-probs": the weight)
     reference = ref_free.PolicyAsReference(policy, lambda s: [()], read, rt, sync=sync, sync_every=3, max_steps=9)

@@ -333,7 +333,9 @@ def test_reward_models_score_in_batches_and_running_out_of_memory_names_the_flag
     rm.save_pretrained(tmp_path / "rm")
     AutoTokenizer.from_pretrained(toy.model).save_pretrained(tmp_path / "rm")
     args = dpo.Args(reward_batch_size=3)
-    rt = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, autocast=torch.autocast("cpu", enabled=False))
+    rt = SimpleNamespace(
+        device=torch.device("cpu"), dtype=torch.float32, autocast=lambda: torch.autocast("cpu", enabled=False)
+    )
     score = plumbing.make_scorer(str(tmp_path / "rm"), args, rt)
     real, sizes = LlamaForSequenceClassification.forward, []
 

@@ -423,7 +423,7 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
         rank=rank,
         world=world,
         device=torch.device("cpu"),
-        autocast=torch.autocast("cpu", enabled=False),
+        autocast=lambda: torch.autocast("cpu", enabled=False),
         head_dtype=torch.float32,
         logps_temperature=1.0,
     )
@@ -460,7 +460,9 @@ def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):
         return [float(k) for k in range(len(completions))]
 
     reward_fns = [("ones", 1.0, lambda p, c, **_: [1.0] * len(c)), ("count", 8.0, count)]
-    rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), autocast=torch.autocast("cpu", enabled=False))
+    rt = SimpleNamespace(
+        rank=0, world=1, device=torch.device("cpu"), autocast=lambda: torch.autocast("cpu", enabled=False)
+    )
     groups, record = sample_and_score(model, tok, reward_fns, rows, 3, args, 1, rt)
     assert seen["solution"] == ["912"] * 3 + ["300"] * 3  # the other columns reach the reward functions
     scores = [1.0 + 8.0 * k for k in range(6)]

@@ -282,7 +282,7 @@ def test_the_policy_computes_each_batch_once_where_the_reference_would_take_its_
         rank=0,
         world=1,
         device=torch.device("cpu"),
-        autocast=torch.autocast("cpu", enabled=False),
+        autocast=lambda: torch.autocast("cpu", enabled=False),
         head_dtype=torch.float32,
         logps_temperature=1.0,
     )
