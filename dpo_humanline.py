@@ -14,8 +14,8 @@ their gap is at least `--reward_threshold`); `--humanline` on either (= `--sync 
 clamp`). Ablations: `--sync trust_region` (after the update), `--clip sampling` (Beta rejection).
 
 Where this script departs from the paper (the full table, with flags: docs/paper-runs.md):
-1. No second model holds the reference (`--ref_free on`, the default): where the reference would
-   take the policy's weights, the policy computes the log-probs it would give (the same values).
+1. No second model holds the reference (`--ref_free on`): at each sync the policy computes the
+   log-probs the reference would give (the same values).
 2. Dropout is off: with k = 1 the log-ratio would be mostly dropout noise (`--keep_dropout`).
 3. The learning rate decays to 0 after warmup; the authors hold it (`--lr_scheduler constant`).
 
@@ -266,8 +266,8 @@ def setup(args):
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # weights stay fp32
     rt = SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, dtype=dtype)
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
-    # a new context at each use: one autocast object entered again inside itself leaves autocast on at its exit
-    rt.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    # a new context at each use: an autocast object entered inside itself stays on after
+    rt.autocast = lambda: torch.autocast(device.type, dtype, enabled=dtype == torch.bfloat16)
     rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 

@@ -19,13 +19,13 @@ denominator is the sampler, PPO's theta_old); `--online --pairs_from_samples` (A
 as groups of two); `--humanline` on any (= `--sync humanline --clip clamp`). Ablations: `--sync
 trust_region`, `--clip sampling`.
 
-Where this script departs from the paper (the full table, with flags: docs/paper-runs.md):
-1. No second model holds the reference (`--ref_free on`, the default): where the reference would
-   take the policy's weights, the policy computes the log-probs it would give (the same values).
+Where this script departs from the paper (with flags: docs/paper-runs.md):
+1. No second model holds the reference (`--ref_free on`): at each sync the policy computes the
+   log-probs the reference would give (the same values).
 2. The loss is normalised over the step's tokens (both authors' codes: per micro-batch).
 3. Groups of two get advantages -1 and +1 exactly; the authors' code divides by std + 0.01.
-4. Math, where the paper is silent: KL coefficient 0.01 against the ratio's denominator, clip 0.15,
-   log-probs at temperature 1 (the authors': 1e-4, 0.2, 0.7, set by docs/paper-runs.md's command).
+4. Math, where the paper is silent: KL 0.01 to the ratio's denominator, clip 0.15, log-probs
+   at temperature 1 (the authors' 1e-4, 0.2, 0.7: docs/paper-runs.md's math command).
 5. Dropout is off (`--keep_dropout`); the learning rate decays (`--lr_scheduler`).
 
     python grpo_humanline.py --offline --humanline    # the toy task on a CPU, ~30 seconds
@@ -325,8 +325,8 @@ def setup(args):
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # weights stay fp32
     rt = SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, dtype=dtype)
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
-    # a new context at each use: one autocast object entered again inside itself leaves autocast on at its exit
-    rt.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    # a new context at each use: an autocast object entered inside itself stays on after
+    rt.autocast = lambda: torch.autocast(device.type, dtype, enabled=dtype == torch.bfloat16)
     rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 
@@ -366,8 +366,6 @@ def main():
         group = 2 if a.offline or a.pairs_from_samples else a.num_generations
         online_only = a.offline and given & {"sample_every", "reward_funcs", "reward_weights"}
         pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
-        on_policy = a.online and a.sample_every == 1 and not a.pairs_from_samples and a.sync == "none"
-        idle_beta = on_policy and a.kl_baseline == "reference" and "beta" in given  # the baseline: the policy
         funcs = (a.reward_funcs or "x").split(",")
         weights = (a.reward_weights or a.reward_funcs or "x").split(",")
         return [
@@ -379,8 +377,6 @@ def main():
             (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
             (a.batch_size % group, f"--batch_size {a.batch_size}: a multiple of the group size {group}"),
             (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
-            (idle_beta, "--beta: on-policy the KL is to the sampler, the policy itself, so 0; --kl_baseline initial"),
-            (a.kl_baseline == "initial" and a.beta == 0, "--kl_baseline initial acts only with --beta above 0"),
         ]
 
     args = plumbing.parse_args(Args, "grpo", checks)  # a bad flag stops with one line

@@ -14,18 +14,17 @@ mismatched pairs (example i's prompt with example i + 1's completion): the mean 
 (under humanline, clamped) log-ratios over every process's pairs, floored at 0, without gradient.
 
 Modes: `--offline` (default: unpaired or preference rows, a pair giving two examples; the reference
-frozen at the initial policy); `--online` (Algorithm 1: in rounds of `--round_size` prompts the
-reference is set to the policy, which samples `--num_samples` completions per prompt; the (best,
-worst) by reward, if their gap is at least `--reward_threshold`, give a desirable and an undesirable
-example); `--humanline` on either (= `--sync humanline --clip clamp`). Ablations: `--sync
-trust_region`, `--clip sampling`.
+frozen at the initial policy); `--online` (Algorithm 1: each round of `--round_size` prompts
+resets the reference to the policy, which samples `--num_samples` completions per prompt; the best
+and worst, if `--reward_threshold` apart, give a desirable and an undesirable example);
+`--humanline` on either (= `--sync humanline --clip clamp`). Ablations: `--sync trust_region`,
+`--clip sampling`.
 
-Where this script departs from the paper (the full table, with flags: docs/paper-runs.md):
-1. No second model holds the reference (`--ref_free on`, the default): where the reference would
-   take the policy's weights, the policy computes the log-probs it would give (the same values).
+Where this script departs from the paper (with flags: docs/paper-runs.md):
+1. No second model holds the reference (`--ref_free on`): at each sync the policy computes the
+   log-probs the reference would give (the same values).
 2. z0 divides by the number of mismatched pairs; the authors' code by its non-zero log-ratios.
-3. Dropout is off: with k = 1 the log-ratio would be mostly dropout noise (`--keep_dropout`).
-4. The learning rate decays to 0 after warmup; the authors hold it (`--lr_scheduler constant`).
+3. Dropout is off (`--keep_dropout`); the learning rate decays (`--lr_scheduler`).
 
     python kto_humanline.py --offline --humanline    # the toy task on a CPU, about two minutes
     torchrun --standalone --nproc_per_node 8 kto_humanline.py --humanline --max_grad_norm 4.0 \\
@@ -294,8 +293,8 @@ def setup(args):
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # weights stay fp32
     rt = SimpleNamespace(distributed=distributed, rank=rank, world=world, device=device, dtype=dtype)
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
-    # a new context at each use: one autocast object entered again inside itself leaves autocast on at its exit
-    rt.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    # a new context at each use: an autocast object entered inside itself stays on after
+    rt.autocast = lambda: torch.autocast(device.type, dtype, enabled=dtype == torch.bfloat16)
     rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 
@@ -407,7 +406,7 @@ def main():
             plumbing.fail(len(examples) < args.batch_size, few + " or lower --reward_threshold")
             continue
 
-        # the step: per micro-batch the reference on the examples and their KL pairs, the policy on each apart
+        # the step: per micro-batch, the examples and their KL pairs
         sums = {}
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         for micro, (examples, sequences) in enumerate(forwards):
@@ -415,7 +414,7 @@ def main():
             n = len(examples)  # the examples first, then their KL pairs
             with rt.autocast():
                 ref_logps = reference.logps(state.step, micro, inputs)
-                with torch.no_grad():  # the KL pairs only set z0, which passes no gradient: no activations kept
+                with torch.no_grad():  # KL pairs only set z0, which takes no gradient: no activations
                     kl_logps = token_logps(policy, *(x[n:] for x in inputs), rt.head_dtype)
                 policy_logps = token_logps(policy, *(x[:n] for x in inputs), rt.head_dtype)
             policy_logps = torch.cat([policy_logps, kl_logps])

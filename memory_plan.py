@@ -81,6 +81,18 @@ def act_bytes(s, bf16):
     return 26 * s.d + 8 * s.f + 4 * s.q + 4 * s.kv if bf16 else 24 * s.d + 16 * s.f + 8 * s.q + 8 * s.kv
 
 
+def fill_defaults(args, world, toy):
+    """Unset --micro_batch_size and --save_total_limit. The toy's (or a copy's) keep one forward per step and every
+    checkpoint, as its committed figures were run; another model takes 4 sequences (DPO: pairs) a forward, or the
+    largest divisor of its per-process share below that (the whole share was 232 GiB for a 1.5B model's batch of
+    32 pairs on one process), and keeps the newest 2 checkpoints (resume needs one; at 8B each is about 105 GiB)."""
+    share = max(1, args.batch_size // world)
+    small = max(d for d in range(1, min(4, share) + 1) if share % d == 0)
+    args.micro_batch_size = args.micro_batch_size or (share if toy else small)
+    if args.save_total_limit is None:
+        args.save_total_limit = 0 if toy else 2
+
+
 def plan(args, script, world, config=None, gpu=True):
     """Bytes per process by component: a list of (name, bytes, phase), phase 'train', 'generate', 'score' or 'both'.
     `config`: the policy's transformers config (read from --model_name_or_path if None)."""
@@ -177,6 +189,17 @@ def checkpoint_bytes(config):
     process's shard (12 bytes a parameter in all)."""
     dtype = str(getattr(config, "dtype", None) or "float32")
     return shapes(config).params * ((2 if "16" in dtype else 4) + 12)
+
+
+def stop_if_over(args, world, rows, config, rank0):
+    """On a GPU: a run whose plan is above the device's memory prints the table and stops with one line."""
+    import torch
+
+    device = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0))).total_memory
+    if peak(rows) > device:
+        if rank0:
+            print(report(args, world, rows, config, details=True))
+        raise SystemExit(too_big(rows, device, args))
 
 
 def too_big(rows, device, args):

@@ -58,7 +58,7 @@ class RunArgs:
     num_eval_prompts: int = arg(256, "Held-out prompts per evaluation.")
     output_dir: str = arg("", "Default: runs/<script>-<mode>-seed<seed>.")
     save_every: int = arg(50, "Checkpoint every N steps (0: only at the end).")
-    save_total_limit: int = arg(2, "Keep the newest N checkpoints (resume needs 1; 0: all).")
+    save_total_limit: Optional[int] = arg(None, "Keep the newest N checkpoints (0: all); unset: 2, the toy's all.")
     resume: bool = arg(False, "Continue from the newest checkpoint in --output_dir.")
     overwrite_output_dir: bool = arg(False, "Replace the run in --output_dir (else another run's folder is refused).")
     report_to: str = arg("none", "Also log to tensorboard, wandb, or both (tensorboard,wandb); metrics.jsonl always.")
@@ -101,7 +101,7 @@ def parse_args(Args, name, checks):
         ("at least 1", lambda v: v is None or v >= 1, positive + "generation_batch_size reward_batch_size"),
         ("at least 1", lambda v: v >= 1, "num_eval_prompts max_prompt_length dist_timeout"),
         ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
-        ("at least 0", lambda v: v >= 0, "eval_every save_every save_total_limit weight_decay seed"),
+        ("at least 0", lambda v: v is None or v >= 0, "eval_every save_every save_total_limit weight_decay seed"),
         ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"),
         ("in (0, 1]", lambda v: 0 < v <= 1, "top_p"),
     ]:
@@ -129,15 +129,20 @@ def parse_args(Args, name, checks):
         fail(folder and not data and not os.path.exists(os.path.join(value, "config.json")), no_model)
     config = memory_plan.read_config(args.model_name_or_path, args)  # the plan's, read once
     toy_model = config.vocab_size == memory_plan.read_config("toy", args).vocab_size  # the toy's, or a copy of it
-    share = max(1, args.batch_size // world)  # unset: the toy one forward per step, another model 4 sequences (pairs)
-    small = max(d for d in range(1, min(4, share) + 1) if share % d == 0)  # (the whole share: 203 GiB at 1.5B)
-    args.micro_batch_size = args.micro_batch_size or (share if toy_model else small)
+    memory_plan.fill_defaults(args, world, toy_model)  # --micro_batch_size, --save_total_limit: the toy's, or a model's
     batch = f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes"
     fail(args.batch_size % (args.micro_batch_size * world), f"{batch} = {args.micro_batch_size} x {world}")
-    for bad, message in toy_defaults(args) if not (toy_model or args.plan_only) else []:  # (a plan is no run)
+    for bad, message in toy_task.misused(args) if not (toy_model or args.plan_only) else []:  # (a plan is no run)
         fail(bad, message)
     fail("sampling_c" in given and args.clip != "sampling", "--sampling_c acts only with --clip sampling")
     fail(args.offline and given & {"temperature", "top_p"}, "--temperature and --top_p act only with --online")
+    sampler = args.online and getattr(args, "sample_every", 0) == 1 and not getattr(args, "pairs_from_samples", 0)
+    idle_beta = sampler and args.sync == "none" and getattr(args, "kl_baseline", 0) == "reference" and "beta" in given
+    fail(idle_beta, "--beta: on-policy the KL is to the sampler, the policy itself, so 0; --kl_baseline initial")
+    fail(
+        getattr(args, "kl_baseline", 0) == "initial" and args.beta == 0,
+        "--kl_baseline initial acts only with --beta above 0",
+    )
     for bad, message in checks(args, given):
         fail(bad, message)
     mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "")
@@ -161,31 +166,14 @@ def parse_args(Args, name, checks):
     fail(taken and not (args.resume or args.overwrite_output_dir), f"--output_dir {args.output_dir} {replace}")
     if rank0:
         print(plan)
-    device = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0))).total_memory if gpu else None
-    over = device and memory_plan.peak(rows) > device and not args.ignore_memory_plan
-    if over and rank0:
-        print(memory_plan.report(args, world, rows, config, details=True))
-    fail(over, over and memory_plan.too_big(rows, device, args))
+    if gpu and not args.ignore_memory_plan:  # a plan above the device's memory stops here, not an hour in
+        memory_plan.stop_if_over(args, world, rows, config, rank0)
     parent = args.output_dir  # it is made when training starts: now, check that it can be
     while not os.path.exists(parent):
         parent = os.path.dirname(parent) or "."
     writable = os.path.isdir(parent) and os.access(parent, os.W_OK)
     fail(not writable, f"--output_dir {args.output_dir}: not a writable folder")
     return args
-
-
-def toy_defaults(args):
-    """(stop, message) for what would evaluate or train a model other than the toy's on the toy task by default."""
-    toy = lambda v: v.split(":")[0] in ("toy", "toy_verify")  # noqa: E731  (the built-in data and scorers)
-    evaluates, funcs = args.eval_prompts != "none", getattr(args, "reward_funcs", None)  # GRPO's online rewards
-    funcs = funcs if funcs != "" else "toy" if args.pairs_from_samples else "toy_verify"  # (GRPO's defaults)
-    online = f"--reward_funcs {funcs}" if funcs is not None else f"--reward_model {args.reward_model}"
-    bring = f"(the toy task's) with --model_name_or_path {args.model_name_or_path}: give your own"
-    return [
-        (evaluates and toy(args.eval_prompts), f"--eval_prompts {args.eval_prompts} {bring} held-out prompts, or none"),
-        (evaluates and toy(args.reward_model), f"--reward_model {args.reward_model} {bring} evaluation scorer"),
-        (args.online and any(map(toy, online.split()[1].split(","))), f"{online} {bring} reward to train on"),
-    ]
 
 
 def fail(condition, message):

@@ -31,7 +31,7 @@ def toy() -> toy_task.ToyPaths:
 def make_session(module, out, policy, ref, opt, sched, tok, resume=False, step=0):
     """A script's run bookkeeping (plumbing.Session: checkpoints, resume) on one process, for models built in a test;
     `ref` a reference model (the script's ReferenceModel holds it) or None."""
-    args = module.Args(output_dir=str(out), resume=resume)
+    args = module.Args(output_dir=str(out), resume=resume, save_total_limit=0)  # (parse_args fills unset ones)
     rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), distributed=False)
     state = SimpleNamespace(step=step, round_index=0, round=[], round_start=0, bad_steps=0)
     reference = module.ReferenceModel(ref, rt) if ref is not None else None
