@@ -232,6 +232,14 @@ def check_syncs(records, trainer, k):
             assert same(then["ref"], now["ref"]), f"step {step}: the reference moved between syncs"
 
 
+def synced(trainer_class, ns, marker, k):
+    """The page's block `marker` trains 4 steps with the callback syncing every k: its records, syncs checked."""
+    records, trainer = recorded(trainer_class, ns, marker)
+    assert len(records) == 4
+    check_syncs(records, trainer, k)
+    return records
+
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_the_callback_syncs_trls_dpo_and_its_loss_is_dpo_loss_on_the_same_batch_and_reference(toy, pairs, k):
     tok, rows, _ = pairs
@@ -244,9 +252,7 @@ def test_the_callback_syncs_trls_dpo_and_its_loss_is_dpo_loss_on_the_same_batch_
         tokenizer=tok,
         k=k,
     )
-    records, trainer = recorded(DPOTrainer, ns, "trainer = DPOTrainer(")
-    assert len(records) == 4
-    check_syncs(records, trainer, k)
+    records = synced(DPOTrainer, ns, "trainer = DPOTrainer(", k)
     for step, r in enumerate(records):
         assert r["loss"] == pytest.approx(r["ours"], abs=1e-5), f"step {step}"
 
@@ -267,9 +273,7 @@ def test_the_callback_syncs_trls_grpo(toy, k):
         tokenizer=tok,
         k=k,
     )
-    records, trainer = recorded(GRPOTrainer, ns, "trainer = GRPOTrainer(")
-    assert len(records) == 4
-    check_syncs(records, trainer, k)
+    synced(GRPOTrainer, ns, "trainer = GRPOTrainer(", k)
 
 
 # ---- the clamp in TRL's DPO -------------------------------------------------------------------------------------
