@@ -10,8 +10,9 @@ has no PYTHONPATH, in the cheapest form that still executes the file's imports a
   (the hub is not reachable here);
 - a file of experiments/ with `--help` after the documented flags (each flag is parsed, a bad choice stops it, and
   every flag must be one its --help lists), plus an import check of every module its functions import later
-  (TRL, matplotlib, the scripts); its real short forms are run by test_experiments.py (`run.py --quick`) and
-  test_bench.py (bench.py's shortest real run, 1 step and 1 repeat of one algorithm, takes about two minutes);
+  (TRL, the scripts); test_experiments.py runs `run.py --quick` for real; bench.py's shortest real run (one
+  algorithm and model, 1 step, 1 repeat) takes about 90 s, so it stays out of the suite: these two checks stand
+  for it;
 - toy_task.py as typed (`--rebuild`, 100 s, with `--help`), and `python -m pytest tests/test_cuda.py` as typed.
 The user's own files that a command names (`my_pairs.jsonl`, `my_rewards:score`) are written beside a copy of the
 root made of links to its files.
