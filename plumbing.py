@@ -826,7 +826,7 @@ class Session:
 MODE = ("offline", "online", "humanline", "sync", "clip", "pairs_from_samples", "sample_every", "seed", "plan_only")
 RESUMABLE = (  # settings a resumed run may change
     "resume output_dir save_every log_every eval_every num_eval_prompts eval_prompts dist_timeout report_to "
-    "overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code"
+    "overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code ignore_memory_plan"
 ).split()
 
 
