@@ -200,9 +200,9 @@ def misused(args):
     """(stop, message) for what would evaluate or train a model other than the toy's on this task by default: its
     prompts, its reward (the scripts' defaults)."""
     toy = lambda v: v.split(":")[0] in ("toy", "toy_verify")  # noqa: E731  (the built-in data and scorers)
-    evaluates, funcs = args.eval_prompts != "none", getattr(args, "reward_funcs", None)  # GRPO's online rewards
-    funcs = funcs if funcs != "" else "toy" if args.pairs_from_samples else "toy_verify"  # (GRPO's defaults)
-    online = f"--reward_funcs {funcs}" if funcs is not None else f"--reward_model {args.reward_model}"
+    evaluates, online = args.eval_prompts != "none", f"--reward_model {args.reward_model}"
+    if hasattr(args, "reward_funcs"):  # GRPO trains online on its reward funcs (unset: the toy's, as it fills them)
+        online = "--reward_funcs " + (args.reward_funcs or ("toy" if args.pairs_from_samples else "toy_verify"))
     bring = f"(the toy task's) with --model_name_or_path {args.model_name_or_path}: give your own"
     return [
         (evaluates and toy(args.eval_prompts), f"--eval_prompts {args.eval_prompts} {bring} held-out prompts, or none"),
