@@ -177,7 +177,9 @@ def report(args, world, rows, config, details=False):
     """What a run prints at start-up: the peak and a checkpoint's size, or with `details` (--plan_only) the table."""
     per_process = f"{world} process{'es' * (world > 1)}, {args.precision}, micro-batches of {args.micro_batch_size}"
     kept = f"{args.save_total_limit or 'all'} kept (--save_total_limit)"
-    ckpt = f"a checkpoint: {checkpoint_bytes(config) / GIB:.1f} GiB on disk, {kept}"
+    size = checkpoint_bytes(config)
+    on_disk = f"{size / GIB:.1f} GiB" if size >= GIB else f"{size / 2**20:.0f} MiB"  # (the toy's: a few MiB)
+    ckpt = f"a checkpoint: {on_disk} on disk, {kept}"
     if details:
         return table(rows, per_process) + f"\n  {ckpt}"
     summary = f"memory plan: {peak(rows) / GIB:.2f} GiB per process at the peak ({per_process}; --plan_only: details)"

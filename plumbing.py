@@ -58,7 +58,7 @@ class RunArgs:
     num_eval_prompts: int = arg(256, "Held-out prompts per evaluation.")
     output_dir: str = arg("", "Default: runs/<script>-<mode>-seed<seed>.")
     save_every: int = arg(50, "Checkpoint every N steps (0: only at the end).")
-    save_total_limit: Optional[int] = arg(None, "Keep the newest N checkpoints (0: all); unset: 2, the toy's all.")
+    save_total_limit: Optional[int] = arg(None, "Keep the newest N checkpoints (0: all); unset: 2, or all for the toy.")
     resume: bool = arg(False, "Continue from the newest checkpoint in --output_dir.")
     overwrite_output_dir: bool = arg(False, "Replace the run in --output_dir (else another run's folder is refused).")
     report_to: str = arg("none", "Also log to tensorboard, wandb, or both (tensorboard,wandb); metrics.jsonl always.")
