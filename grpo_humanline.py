@@ -78,6 +78,9 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     batch_size: int = arg(64, "Sequences per optimizer step, over all processes.")
     micro_batch_size: Optional[int] = arg(None, "Sequences per forward per process; unset: all.")
     gradient_checkpointing: bool = arg(False, "Recompute each layer in the backward (8B: on).")
+    lora_r: int = arg(0, "LoRA rank: train adapters on the frozen base (0: train every weight).")
+    lora_alpha: float = arg(16.0, "LoRA scale: each adapted weight is W + alpha / r x B A.")
+    lora_target_modules: str = arg("all-linear", "Layers with adapters: all-linear, or names with commas.")
     learning_rate: float = arg(5e-6, "Peak learning rate (paper: 5e-6; math 1e-6).")
     warmup_ratio: float = arg(0.1, "Linear warmup over this fraction of the steps.")
     lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0 or hold.")
@@ -105,7 +108,7 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
-    ref_free: Literal["on", "off"] = arg("on", "on: no reference model (same values); off: one.")
+    ref_free: Literal["on", "off"] = arg("on", "on: no reference model (same values); off: one (LoRA: adapters).")
     # online sampling
     num_generations: int = arg(8, "G: completions sampled per prompt.")
     sample_every: int = arg(1, "Sample every N steps the data of N steps (1: on-policy; math: 64).")
@@ -421,6 +424,8 @@ def main():
     reset_each_sampling = args.sync == "none" or args.pairs_from_samples  # else syncing spans them
     if on_policy:
         reference = None
+    elif args.ref_free == "off" and args.lora_r:  # the base with adapters disabled, or with those of the last sync
+        reference = ref_free.AdapterReference(policy, token_logps, rt, frozen=args.offline and args.sync == "none")
     elif args.ref_free == "off":  # a second model, sharded exactly like the policy
         reference = ReferenceModel(load_model(args, toy, rt), rt)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
@@ -429,7 +434,8 @@ def main():
         reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule, wait=wait)
     base = None  # --kl_baseline initial: the frozen starting policy (unless the reference is it)
     if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
-        base = load_model(args, toy, rt).eval().requires_grad_(False)
+        frozen = ref_free.AdapterReference(policy, token_logps, rt, frozen=True) if args.lora_r else None
+        base = frozen or ReferenceModel(load_model(args, toy, rt), rt)  # LoRA: the base, adapters disabled
     funcs = zip(args.reward_funcs.split(","), args.reward_weights.split(",")) if args.online else []
     reward_fns = [(name, float(weight), plumbing.make_scorer(name, args, rt)) for name, weight in funcs]
     scorer = plumbing.make_scorer(args.reward_model, args, rt) if eval_prompts else None
@@ -495,8 +501,7 @@ def main():
             inputs = collate(sequences, tokenizer.pad_token_id, rt.device)
             with rt.autocast():
                 ref_logps = reference.logps(state.step, micro, inputs) if reference else None
-                with torch.no_grad():
-                    base_logps = token_logps(base, *inputs, *head) if base is not None else None
+                base_logps = base.logps(state.step, micro, inputs) if base is not None else None
                 policy_logps = token_logps(policy, *inputs, *head)
             if on_policy:  # the sampler is the policy: its own log-probs, detached
                 ref_logps = policy_logps.detach()

@@ -100,8 +100,12 @@ def parse_args(Args, name, checks):
     for rule, ok, flags in [
         ("at least 1", lambda v: v is None or v >= 1, positive + "generation_batch_size reward_batch_size"),
         ("at least 1", lambda v: v >= 1, "num_eval_prompts max_prompt_length dist_timeout"),
-        ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c"),
-        ("at least 0", lambda v: v is None or v >= 0, "eval_every save_every save_total_limit weight_decay seed"),
+        ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c lora_alpha"),
+        (
+            "at least 0",
+            lambda v: v is None or v >= 0,
+            "eval_every save_every save_total_limit weight_decay seed lora_r",
+        ),
         ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"),
         ("in (0, 1]", lambda v: 0 < v <= 1, "top_p"),
     ]:
@@ -135,6 +139,10 @@ def parse_args(Args, name, checks):
     for bad, message in toy_task.misused(args) if not (toy_model or args.plan_only) else []:  # (a plan is no run)
         fail(bad, message)
     fail("sampling_c" in given and args.clip != "sampling", "--sampling_c acts only with --clip sampling")
+    fail(
+        not args.lora_r and given & {"lora_alpha", "lora_target_modules"},
+        "--lora_alpha and --lora_target_modules act only with --lora_r",
+    )
     fail(args.offline and given & {"temperature", "top_p"}, "--temperature and --top_p act only with --online")
     sampler = args.online and getattr(args, "sample_every", 0) == 1 and not getattr(args, "pairs_from_samples", 0)
     idle_beta = sampler and args.sync == "none" and getattr(args, "kl_baseline", 0) == "reference" and "beta" in given
@@ -232,16 +240,16 @@ def build_model(args, toy, rt):
     several the model is built on the meta device, for the script to shard and load_shards to fill."""
     name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
     config = pretrained(transformers.AutoConfig, name, args)
+    dtype = rt.dtype if args.lora_r else torch.float32  # a frozen base in --precision: only trained weights are fp32
     if not rt.distributed:
-        model = pretrained(transformers.AutoModelForCausalLM, name, args, dtype=torch.float32).to(rt.device)
+        model = pretrained(transformers.AutoModelForCausalLM, name, args, dtype=dtype).to(rt.device)
     else:
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(
-                config, dtype=torch.float32, trust_remote_code=args.trust_remote_code
+                config, dtype=dtype, trust_remote_code=args.trust_remote_code
             )
         # known and harmless: the first hidden state transformers returns is a view, and nothing writes to it in place
         warnings.filterwarnings("ignore", r"FSDP2-wrapped module \(\w+\) returned a view tensor", UserWarning)
-    model.export_dtype = config.dtype or torch.float32  # checkpoints are written in the model's own dtype
     for module in model.modules() if not args.keep_dropout else ():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -249,7 +257,26 @@ def build_model(args, toy, rt):
             module.attention_dropout = 0.0
     if args.gradient_checkpointing:  # each decoder layer recomputed in the backward: one layer's activations, not all
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model = add_adapters(model, args) if args.lora_r else model
+    model.export_dtype = config.dtype or torch.float32  # checkpoints are written in the model's own dtype
     return model
+
+
+def add_adapters(model, args):
+    """--lora_r: peft's LoRA adapters (dropout off, as for the model) on --lora_target_modules of the frozen base, in
+    fp32, drawn from the seed alone (the same on one process or several); B = 0, so the model starts unchanged."""
+    import peft
+
+    modules = args.lora_target_modules
+    names = modules if modules == "all-linear" else modules.split(",")
+    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=names)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        torch.manual_seed(stream_seed(args.seed, "init"))
+        warnings.simplefilter("ignore", FutureWarning)  # peft 0.21 asks for an attribute transformers 5.24 renamed
+        try:
+            return peft.get_peft_model(model, config)
+        except (ValueError, TypeError, NotImplementedError) as e:  # no such modules, a layer type peft cannot wrap
+            raise SystemExit(f"--lora_target_modules {modules}: {str(e).strip().splitlines()[0]}") from None
 
 
 def load_shards(model, args, toy, rt):
@@ -259,6 +286,7 @@ def load_shards(model, args, toy, rt):
 
     name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
     full = pretrained(transformers.AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
+    full = add_adapters(full, args) if full and args.lora_r else full  # the adapters process 0 draws, sent to all
     outside = [k for k, _ in model.named_buffers() if k not in model.state_dict()]
     model.to_empty(device=rt.device)  # this process's shards, allocated: the file's values are copied into them
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -733,14 +761,15 @@ class Session:
     def save(self):
         """output_dir/checkpoint-STEP: the policy (save_pretrained) and each process's training state (its shards of
         policy, reference and optimizer, RNG states, the loop's state), written to a temporary name, then renamed."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
         final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")
         tmp, rank = final + ".tmp", self.rt.rank
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing this step
         self.save_pretrained(tmp)
-        model, optimizer = get_state_dict(self.policy, self.optimizer)
+        trained = StateDictOptions(ignore_frozen_params=True)  # with --lora_r the adapters: not the frozen base
+        model, optimizer = get_state_dict(self.policy, self.optimizer, options=trained)
         rng = {"torch": torch.get_rng_state(), "sampling": self.sampling_gen.get_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -762,7 +791,7 @@ class Session:
         self.barrier()
 
     def load(self, path):
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
         saved = torch.load(os.path.join(path, f"state-rank{self.rt.rank}.pt"), weights_only=True)  # no unpickling
         world = f"{path} was written by {saved['world_size']} processes; resume with as many"
@@ -771,7 +800,7 @@ class Session:
         was = ", ".join(f"--{k} {saved['args'].get(k)} (now {getattr(self.args, k)})" for k in changed)
         fail(changed, f"{path} was written with other settings: {was}")
         states = dict(model_state_dict=saved["policy"], optim_state_dict=saved["optimizer"])
-        set_state_dict(self.policy, self.optimizer, **states)
+        set_state_dict(self.policy, self.optimizer, **states, options=StateDictOptions(ignore_frozen_params=True))
         if getattr(self.reference, "model", None) is not None:
             set_model_state_dict(self.reference.model, saved["ref"])
         elif self.reference is not None:
@@ -783,14 +812,24 @@ class Session:
             torch.cuda.set_rng_state(saved["rng"]["cuda"])
         vars(self.state).update(saved["state"])
 
-    def save_pretrained(self, directory):
-        """A Hugging Face model directory of the policy, gathered from its shards (rank 0 writes)."""
+    def save_pretrained(self, directory, merged=False):
+        """A Hugging Face model directory of the policy, gathered from its shards (rank 0 writes). With --lora_r the
+        adapters alone (peft's format, fp32), or `merged` into the base: W + alpha / r B A in fp32, a model that
+        from_pretrained loads without peft."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=not merged)
+        full, model = get_model_state_dict(self.policy, options=options), self.policy
+        if self.rt.rank == 0 and merged:
+            for name, m in [(n, m) for n, m in model.named_modules() if "default" in getattr(m, "lora_A", {})]:
+                a, b = (full.pop(f"{name}.lora_{x}.default.weight").float() for x in "AB")
+                delta, w = m.scaling["default"] * b @ a, f"{name}.base_layer.weight"
+                full[w] = full[w].float() + (delta.T if m.fan_in_fan_out else delta)  # (GPT-2's Conv1D: W^T)
+            full = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in full.items()}
+            model = model.get_base_model()
         if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not the fp32 the training keeps
-            dtype = getattr(self.policy, "export_dtype", None)
-            self.policy.save_pretrained(directory, state_dict={k: v.to(dtype or v.dtype) for k, v in full.items()})
+            dtype = None if self.args.lora_r and not merged else self.policy.export_dtype  # (adapters stay fp32)
+            model.save_pretrained(directory, state_dict={k: v.to(dtype or v.dtype) for k, v in full.items()})
             self.tokenizer.save_pretrained(directory)
         self.barrier()
 
@@ -812,12 +851,18 @@ class Session:
         self.bar.close()
         for _, close in self.trackers:
             close()
+        out = self.args.output_dir
+        into = os.path.join(out, "adapter") if self.args.lora_r else out  # --lora_r: the adapters, and merged below
         if self.rt.rank == 0:
-            last = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")  # the last step always saves
+            last = os.path.join(out, f"checkpoint-{self.state.step}")  # the last step always saves
+            os.makedirs(into, exist_ok=True)
             for f in os.listdir(last) if os.path.isdir(last) else []:
                 if not f.startswith("state-rank"):
-                    link(os.path.join(last, f), os.path.join(self.args.output_dir, f))
-            print(f"saved to {self.args.output_dir}")
+                    link(os.path.join(last, f), os.path.join(into, f))
+        if self.args.lora_r:
+            self.save_pretrained(out, merged=True)
+        if self.rt.rank == 0:
+            print(f"saved to {out}" + f" (the adapters alone: {into})" * bool(self.args.lora_r))
         if self.rt.distributed:
             dist.barrier()  # leave together: a process tearing down gloo while another still saves can abort
             dist.destroy_process_group()

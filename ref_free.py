@@ -61,7 +61,9 @@ class PolicyAsReference:
         rest = self.compute(steps)
         keep = self.wait and bool(rest)
         self.held["weights"] = (
-            [local(p).detach().to("cpu", copy=True) for p in self.policy.parameters()] if keep else None
+            [local(p).detach().to("cpu", copy=True) for p in self.policy.parameters() if p.requires_grad]
+            if keep
+            else None
         )
         self.held["steps"] = rest if keep else []
         if len(rest) < len(steps) or keep:
@@ -83,10 +85,44 @@ class PolicyAsReference:
 
 @torch.no_grad()
 def swap_weights(policy, weights):
-    """Exchange the policy's parameters with `weights` (CPU tensors), one tensor at a time."""
+    """Exchange the policy's trained parameters (with --lora_r its adapters) with `weights`, a tensor at a time."""
     if hasattr(policy, "reshard"):
         policy.reshard()
-    for p, w in zip(policy.parameters(), weights):
-        held = local(p).to("cpu", copy=True)
+    for p, w in zip([p for p in policy.parameters() if p.requires_grad], weights):
+        held = local(p).to(w.device, copy=True)
         local(p).copy_(w)
         w.copy_(held)
+
+
+class AdapterReference:
+    """With --lora_r and --ref_free off: the reference without a second copy of the base. Where it is the initial
+    model and never syncs (`frozen`), it is the policy with its adapters disabled; else the policy's base with a
+    second set of adapters, those of the last sync, swapped in for its forward. A sync copies the adapters alone."""
+
+    def __init__(self, policy, token_logps, rt, frozen):
+        self.policy, self.token_logps, self.rt, self.frozen = policy, token_logps, rt, frozen
+        trained = [local(p) for p in policy.parameters() if p.requires_grad]
+        self.held = None if frozen else [p.detach().clone() for p in trained]  # what a checkpoint saves
+        self.seconds = 0.0
+
+    @torch.no_grad()
+    def logps(self, step, micro, inputs):
+        t0, head = time.time(), (self.rt.head_dtype, self.rt.logps_temperature)
+        self.policy.eval()
+        if self.frozen:
+            with self.policy.disable_adapter():
+                logps = self.token_logps(self.policy, *inputs, *head)
+        else:
+            swap_weights(self.policy, self.held)  # the reference's adapters in, the policy's out
+            logps = self.token_logps(self.policy, *inputs, *head)
+            swap_weights(self.policy, self.held)
+        self.policy.train()
+        self.seconds += time.time() - t0
+        return logps
+
+    @torch.no_grad()
+    def sync(self, policy, step):  # the reference's adapters <- the policy's
+        for r, p in zip(self.held or [], [p for p in policy.parameters() if p.requires_grad]):
+            r.copy_(local(p))
+
+    reset = sync  # at step 0 and at an online round's start
