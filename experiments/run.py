@@ -2,6 +2,7 @@
 
     python experiments/run.py                      # every suite, in order (417 runs, ~5 h on 2 CPU cores; resumable)
     python experiments/run.py --suite sweep        # sweep | main | instances | offpolicy | ablations | quality
+    python experiments/run.py --suite lora_sweep && python experiments/run.py --suite lora   # LoRA against full
     python experiments/run.py --report             # only rebuild the tables and plots from finished runs
     python experiments/run.py --quick              # each code path of every suite, 2 steps (about 2.5 minutes)
     python experiments/run.py --suite main --only "dpo offline" --new_seed 7   # rerun rows with an unused seed
@@ -72,6 +73,11 @@ CELLS = [
     for algo in ("dpo", "kto", "grpo")
     for mode, flags in MODES.items()
 ]
+# does humanline survive LoRA? DPO and GRPO offline, offline+humanline and online, adapters of rank 8 on every linear
+# layer against full fine-tuning; adapters train at larger rates (the grid: 2.5x-40x the paper's rate)
+LORA = ["--lora_r", "8"]
+LORA_MULTIPLES = (2.5, 5, 10, 20, 40)
+LORA_CELLS = [c for c in CELLS if c[0].split()[0] in ("dpo", "grpo") and c[0].split()[1] != "online+humanline"]
 
 
 def paper_lr(cell):
@@ -219,7 +225,32 @@ def suites(results, chosen):
                 (", beta 0, eps 100", ["--beta", "0", "--eps", "100"]),
             )
         ]
-    return dict(sweep=sweep, main=main, instances=instances, offpolicy=offpolicy, ablations=ablations, quality=quality)
+    lora_sweep = [
+        (
+            f"{cell} lora lr {m * paper_lr(cell):g}",
+            script,
+            flags + LORA + lr_flags(m * paper_lr(cell)) + VALIDATION,
+            SWEEP_SEEDS,
+        )
+        for cell, script, flags in LORA_CELLS
+        for m in LORA_MULTIPLES
+    ]
+    lora = [  # each at its own rate: full fine-tuning's from the sweep, LoRA's from lora_sweep
+        (f"{cell}{kind}", script, flags + more + lr_flags(chosen[cell + kind]) + CURVE, FEW_SEEDS)
+        for cell, script, flags in LORA_CELLS
+        for kind, more in (("", []), (" lora", LORA))
+        if cell + kind in chosen
+    ]
+    return dict(
+        sweep=sweep,
+        main=main,
+        instances=instances,
+        offpolicy=offpolicy,
+        ablations=ablations,
+        quality=quality,
+        lora_sweep=lora_sweep,
+        lora=lora,
+    )
 
 
 def instance_paths(results, seed):
@@ -535,6 +566,13 @@ def comparisons(suite, names=()):
             ("grpo offline, beta 0 (clip probe)", "grpo offline (clip probe)"),
             ("grpo offline, beta 0, eps 100 (clip probe)", "grpo offline, beta 0 (clip probe)"),
         ]
+    if suite == "lora":  # humanline's two comparisons with adapters, and each adapter row against full fine-tuning
+        pairs = [
+            (f"{a} {m} lora", f"{a} {m}") for a in ("dpo", "grpo") for m in ("offline", "offline+humanline", "online")
+        ]
+        return [
+            (f"{a} offline+humanline lora", f"{a} {b} lora") for a in ("dpo", "grpo") for b in ("offline", "online")
+        ] + pairs
     if suite == "quality":
         return [
             ("dpo offline+humanline, quartile 4 of the data", "dpo offline+humanline, quartile 1 of the data"),
@@ -659,13 +697,17 @@ def code_versions(rows):
 def choose_rates(results):
     """variant -> the sweep's learning rate with the highest mean validation reward, for variants whose sweep is
     complete (every rate, every seed)."""
-    rows = {r["config"]: r for r in summarize(load_runs(results, "sweep"), suites(results, {})["sweep"])}
     chosen = {}
-    for cell, _, _ in CELLS:
-        rates = [m * paper_lr(cell) for m in MULTIPLES]
-        cells = [rows.get(f"{cell} lr {rate:g}") for rate in rates]
-        if all(c and c["seeds"] == len(SWEEP_SEEDS) for c in cells):
-            chosen[cell] = rates[int(np.argmax([c["reward"][0] for c in cells]))]
+    for suite, cells, multiples, kind in (
+        ("sweep", CELLS, MULTIPLES, ""),
+        ("lora_sweep", LORA_CELLS, LORA_MULTIPLES, " lora"),
+    ):
+        rows = {r["config"]: r for r in summarize(load_runs(results, suite), suites(results, {})[suite])}
+        for cell, _, _ in cells:
+            rates = [m * paper_lr(cell) for m in multiples]
+            found = [rows.get(f"{cell}{kind} lr {rate:g}") for rate in rates]
+            if all(c and c["seeds"] == len(SWEEP_SEEDS) for c in found):
+                chosen[cell + kind] = rates[int(np.argmax([c["reward"][0] for c in found]))]
     return chosen
 
 
@@ -1184,6 +1226,8 @@ def quick_suites(results):
         "offpolicy",
         "ablations",
         "quality",
+        "lora_sweep",
+        "lora",
     ):  # main first: the sweep adds no new path
         out[suite] = []
         for name, script, flags, seeds in full[suite]:
@@ -1227,7 +1271,7 @@ def strip(flags, name):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    names = ["sweep", "main", "instances", "offpolicy", "ablations", "quality"]
+    names = ["sweep", "main", "instances", "offpolicy", "ablations", "quality", "lora_sweep", "lora"]
     parser.add_argument("--suite", default="all", choices=["all"] + names)
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each uses one CPU thread)")
     parser.add_argument("--quick", action="store_true", help="each code path of every suite once, 2 steps")
