@@ -49,7 +49,7 @@ def shapes(config):
     params = layers * layer + root
     built = counted(config)
     if built:
-        params, layer = built
+        params, layer = built[:2]
         root = params - layers * layer
     return SimpleNamespace(
         d=d, f=f, q=q, kv=kv, layers=layers, vocab=c.vocab_size, layer=layer, root=root, params=params, tied=tied
@@ -72,8 +72,19 @@ def counted(config, cache={}):
             return None
         layers = [m for m in model.modules() if type(m).__name__ in (model._no_split_modules or [])]
         size = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-        cache[key] = size(model), max(map(size, layers), default=0)
+        head = model.get_output_embeddings()  # peft's all-linear leaves the head out
+        linears = [(n.rsplit(".", 1)[-1], m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        linears = [(n, m.in_features + m.out_features) for n, m in linears if m is not head]
+        cache[key] = size(model), max(map(size, layers), default=0), linears
     return cache[key]
+
+
+def adapter_params(config, args):
+    """--lora_r's trained parameters: r (in + out) for each linear layer --lora_target_modules names (all-linear: all
+    but the head); where the model cannot be built, a Llama's seven projections per layer."""
+    s, built, names = shapes(config), counted(config), args.lora_target_modules.split(",")
+    linears = built[2] if built else [("", 5 * s.d + 2 * s.q + 2 * s.kv + 3 * s.f)] * s.layers
+    return args.lora_r * sum(w for n, w in linears if args.lora_target_modules == "all-linear" or n in names)
 
 
 def act_bytes(s, bf16):
@@ -110,23 +121,37 @@ def plan(args, script, world, config=None, gpu=True):
         script == "grpo" and args.kl_baseline == "initial" and (args.online or args.sync != "none")
     )
     seqs = args.micro_batch_size * (2 if script == "dpo" else 1)  # DPO: chosen + rejected (KTO's KL rows: no grad)
-    tokens = seqs * args.max_length
-    rows = [
-        (
-            "weights, fp32, sharded" + (f" (policy + {extra} more)" if extra else ""),
-            (1 + extra) * s.params * 4 / W,
-            "both",
-        ),
-        ("gradients, fp32, sharded", s.params * 4 / W, "train"),
-        ("AdamW moments, fp32, sharded", 8 * s.params / W, "both"),
-    ]
+    tokens, lora, sharded = seqs * args.max_length, getattr(args, "lora_r", 0), ", sharded" * (W > 1)
+    if lora:  # the base frozen in --precision (its only copy: no extra model, no autocast copy); adapters in fp32
+        a, synced = adapter_params(config, args), args.ref_free == "off" and not (args.offline and args.sync == "none")
+        rows = [
+            (f"base weights, {args.precision}, frozen{sharded or ', replicated' * (W > 1)}", s.params * b / W, "both"),
+            (
+                f"adapters (r = {lora}, {a / 1e6:.1f}M): fp32 weights + AdamW"
+                + " + the reference's" * synced
+                + sharded,
+                a * (12 + 4 * synced) / W,
+                "both",
+            ),
+            (f"adapter gradients, fp32{sharded}", a * 4 / W, "train"),
+        ]
+    else:
+        rows = [
+            (
+                f"weights, fp32{sharded}" + (f" (policy + {extra} more)" if extra else ""),
+                (1 + extra) * s.params * 4 / W,
+                "both",
+            ),
+            (f"gradients, fp32{sharded}", s.params * 4 / W, "train"),
+            (f"AdamW moments, fp32{sharded}", 8 * s.params / W, "both"),
+        ]
     if W > 1:
         rows.append(("gathered: root in the head's dtype, two layers", s.root * bh + 2 * s.layer * b, "train"))
-    elif bf16:
+    elif bf16 and not lora:
         rows.append(("autocast's bf16 copy of the weights", s.params * 2, "train"))
     layer_act = act_bytes(s, bf16)
-    if args.gradient_checkpointing:  # each layer's input (the residual stream, fp32) and one layer recomputed
-        acts, how = tokens * (s.layers * s.d * 4 + layer_act), ", checkpointed"
+    if args.gradient_checkpointing:  # each layer's input (the residual stream: fp32, LoRA's in the base's dtype)
+        acts, how = tokens * (s.layers * s.d * (b if lora else 4) + layer_act), ", checkpointed"
     else:
         acts, how = tokens * s.layers * layer_act, ""
     rows.append((f"activations: {seqs} x {args.max_length} tokens{how}", acts, "train"))
@@ -148,7 +173,7 @@ def plan(args, script, world, config=None, gpu=True):
     if per_process:
         gen = min(max(1, args.generation_batch_size // n), per_process) * n
         length = args.max_prompt_length + args.max_new_tokens
-        gathered = (s.params - s.root) * b + s.root * bh if W > 1 else s.params * 2 if bf16 else 0
+        gathered = (s.params - s.root) * b + s.root * bh if W > 1 else s.params * 2 if bf16 and not lora else 0
         rows += [
             (
                 "generation: the policy gathered" if W > 1 else "generation: autocast's bf16 weights",
@@ -177,7 +202,7 @@ def report(args, world, rows, config, details=False):
     """What a run prints at start-up: the peak and a checkpoint's size, or with `details` (--plan_only) the table."""
     per_process = f"{world} process{'es' * (world > 1)}, {args.precision}, micro-batches of {args.micro_batch_size}"
     kept = f"{args.save_total_limit or 'all'} kept (--save_total_limit)"
-    size = checkpoint_bytes(config)
+    size = checkpoint_bytes(config, args)
     on_disk = f"{size / GIB:.1f} GiB" if size >= GIB else f"{size / 2**20:.0f} MiB"  # (the toy's: a few MiB)
     ckpt = f"a checkpoint: {on_disk} on disk, {kept}"
     if details:
@@ -186,10 +211,12 @@ def report(args, world, rows, config, details=False):
     return f"{summary}; {ckpt}"
 
 
-def checkpoint_bytes(config):
+def checkpoint_bytes(config, args):
     """A checkpoint's files: the model in its own dtype, and the fp32 weights and AdamW's two moments of every
-    process's shard (12 bytes a parameter in all)."""
+    process's shard (12 bytes a parameter in all); with --lora_r the adapters alone, fp32 (16 bytes a parameter)."""
     dtype = str(getattr(config, "dtype", None) or "float32")
+    if getattr(args, "lora_r", 0):
+        return adapter_params(config, args) * 16
     return shapes(config).params * ((2 if "16" in dtype else 4) + 12)
 
 

@@ -234,6 +234,7 @@ def peak(shape_json, out):
         argv += ["--output_dir", os.path.join(tmp, "run")] + ["--gradient_checkpointing"] * flags[
             "gradient_checkpointing"
         ]
+        argv += ["--lora_r", str(flags["lora_r"])] if flags.get("lora_r") else []
         run_main(argv, load_model=load, optimizer_step=update)
     rows = memory_plan.plan(seen["args"], "dpo", 1, config=config, gpu=False)
     train = sum(v for _, v, p in rows if p in ("train", "both"))
