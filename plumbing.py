@@ -770,6 +770,8 @@ class Session:
         self.save_pretrained(tmp)
         trained = StateDictOptions(ignore_frozen_params=True)  # with --lora_r the adapters: not the frozen base
         model, optimizer = get_state_dict(self.policy, self.optimizer, options=trained)
+        frozen = {k for k, p in self.policy.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        model = {k: v for k, v in model.items() if k not in frozen}  # (a head tied to frozen embeddings)
         rng = {"torch": torch.get_rng_state(), "sampling": self.sampling_gen.get_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -800,7 +802,8 @@ class Session:
         was = ", ".join(f"--{k} {saved['args'].get(k)} (now {getattr(self.args, k)})" for k in changed)
         fail(changed, f"{path} was written with other settings: {was}")
         states = dict(model_state_dict=saved["policy"], optim_state_dict=saved["optimizer"])
-        set_state_dict(self.policy, self.optimizer, **states, options=StateDictOptions(ignore_frozen_params=True))
+        options = StateDictOptions(strict=not self.args.lora_r)  # --lora_r: the adapters, the frozen base as loaded
+        set_state_dict(self.policy, self.optimizer, **states, options=options)
         if getattr(self.reference, "model", None) is not None:
             set_model_state_dict(self.reference.model, saved["ref"])
         elif self.reference is not None:

@@ -1,0 +1,202 @@
+"""LoRA adapters (`--lora_r`) on the toy task: the adapters train alone, in fp32, on a base frozen in --precision; the
+reference is never a second copy of the base (the base with its adapters disabled, or a second set of adapters that
+a sync fills, or the reference-free path) and equals the two-model reference step by step; two processes (FSDP2)
+train as one; checkpoints hold the adapters and resume exactly; the run ends with the merged model and the adapter
+alone, each loaded by its own library; bad flags stop with one line."""
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+
+import peft
+import pytest
+import torch
+import warm
+from safetensors.torch import load_file
+from test_performance import ENV, assert_same_training, records, run_in_process, steps
+from transformers import AutoModelForCausalLM
+
+import dpo_humanline
+import plumbing
+import ref_free
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LORA = ["--lora_r", "8", "--learning_rate", "2e-4"]  # a rate at which the adapters move the log-probs
+BASE = ["--batch_size", "8", "--micro_batch_size", "4", "--eval_prompts", "none", "--save_every", "0", *LORA]
+ONLINE = ["--online", "--round_size", "32"]  # about 28 pairs a round: 3 steps of 8, then a new round
+
+
+def lora_args(**kw):
+    args = dpo_humanline.Args(lora_r=8, **kw)
+    args.precision = args.precision or "fp32"
+    return args, dpo_humanline.setup(args)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_adapters_start_at_the_base_and_train_alone_in_fp32_on_a_base_frozen_in_the_precision(precision, toy):
+    args, rt = lora_args(precision=precision)
+    policy = plumbing.build_model(args, toy, rt)
+    base = AutoModelForCausalLM.from_pretrained(toy.model, dtype=rt.dtype)
+    trained = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
+    assert {p.dtype for p in trained.values()} == {torch.float32}
+    assert {p.dtype for p in policy.parameters() if not p.requires_grad} == {rt.dtype}
+    assert all(torch.all(p == 0) for n, p in trained.items() if ".lora_B." in n)  # B = 0: the model unchanged
+    ids = torch.tensor([[3, 5, 7, 9, 11, 13, 4, 6]])
+    inputs = (ids, torch.ones_like(ids), torch.ones(ids.shape))
+    with torch.no_grad(), rt.autocast():
+        ours = dpo_humanline.token_logps(policy, *inputs, rt.head_dtype)
+        theirs = dpo_humanline.token_logps(base, *inputs, rt.head_dtype)
+    assert torch.equal(ours, theirs)
+    assert sum(p.numel() for p in trained.values()) < 0.1 * sum(p.numel() for p in policy.parameters())
+
+
+class TwoModels:
+    """The textbook reference, with adapters: a second copy of the base and the adapters, synced by copying every
+    weight. What the adapter reference and the reference-free path must equal."""
+
+    def __init__(self, policy, token_logps, rt, frozen):
+        self.model, self.token_logps, self.rt, self.seconds = copy.deepcopy(policy).eval(), token_logps, rt, 0.0
+
+    @torch.no_grad()
+    def logps(self, step, micro, inputs):
+        return self.token_logps(self.model, *inputs, self.rt.head_dtype, self.rt.logps_temperature)
+
+    @torch.no_grad()
+    def sync(self, policy, step):
+        for r, p in zip(self.model.parameters(), policy.parameters()):
+            r.copy_(p)
+
+    reset = sync
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--offline"],  # never synced: the adapter reference is the base with the adapters disabled
+        ["--offline", "--humanline"],
+        ["--offline", "--humanline", "--sync_every", "4"],
+        [*ONLINE, "--humanline"],
+        [*ONLINE, "--humanline", "--sync_every", "4"],
+    ],
+    ids=["offline", "offline-k1", "offline-k4", "online-k1", "online-k4"],
+)
+def test_the_adapter_reference_equals_the_reference_free_path_and_two_models_step_by_step(flags, tmp_path, monkeypatch):
+    argv = [*BASE, *flags, "--max_steps", "7"]
+    free, loads_free = run_in_process("dpo_humanline.py", argv, tmp_path / "free")
+    adapter, loads_adapter = run_in_process("dpo_humanline.py", [*argv, "--ref_free", "off"], tmp_path / "adapter")
+    monkeypatch.setattr(ref_free, "AdapterReference", TwoModels)
+    two, _ = run_in_process("dpo_humanline.py", [*argv, "--ref_free", "off"], tmp_path / "two")
+    assert loads_free == loads_adapter == 1  # the base is read once: no second copy of it
+    assert_same_training(two, adapter, 7)
+    assert_same_training(two, free, 7)
+    margins = [r["rewards/margins"] for r in steps(two)]
+    assert max(map(abs, margins)) > 1e-3  # the policy moved away from its reference: the comparison can fail
+
+
+def test_a_sync_copies_the_adapters_and_nothing_else(toy, monkeypatch):
+    args, rt = lora_args()
+    policy = plumbing.build_model(args, toy, rt)
+    reference = ref_free.AdapterReference(policy, dpo_humanline.token_logps, rt, frozen=False)
+    copied, real = [], torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda t, src, *a, **k: copied.append(t) or real(t, src, *a, **k))
+    reference.sync(policy, step=0)
+    adapters = sum(p.numel() * 4 for n, p in policy.named_parameters() if "lora_" in n)
+    assert sum(t.numel() * t.element_size() for t in copied) == adapters == 61_440 * 4  # r = 8 on the toy's 3 layers
+    everything = sum(p.numel() * p.element_size() for p in policy.parameters())
+    assert adapters < 0.1 * everything
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--lora_r", "-1"], "--lora_r must be at least 0, got -1"),
+        (["--lora_r", "8", "--lora_alpha", "0"], "--lora_alpha must be above 0, got 0.0"),
+        (["--lora_alpha", "32"], "--lora_alpha and --lora_target_modules act only with --lora_r"),
+        (["--lora_r", "8", "--lora_target_modules", "qkv_proj"], "--lora_target_modules qkv_proj: Target modules"),
+        (["--lora_r", "8", "--lora_target_modules", "input_layernorm"], "--lora_target_modules input_layernorm: "),
+    ],
+    ids=["negative-rank", "zero-alpha", "alpha-alone", "no-such-modules", "a-layer-peft-cannot-wrap"],
+)
+def test_bad_lora_flags_stop_with_one_line(flags, says, tmp_path):
+    cmd = [sys.executable, "dpo_humanline.py", "--max_steps", "1", "--output_dir", str(tmp_path / "run"), *flags]
+    proc = warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(says), proc.stderr
+
+
+@pytest.mark.parametrize("script", ["dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py"])
+def test_the_lora_flags_are_listed_with_the_methods_flags(script):
+    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    flags = [line.split()[0] for line in out.splitlines() if line.strip().startswith("--")]
+    lora = [flags.index(f) for f in ("--lora_r", "--lora_alpha", "--lora_target_modules")]
+    assert lora == sorted(lora) and lora[-1] < flags.index("--ref_free") < flags.index("--eval_prompts")
+    assert flags.index("--gradient_checkpointing") < lora[0]
+
+
+def test_two_processes_with_adapters_train_as_one_and_print_no_warning(tmp_path):
+    flags = [*BASE, "--humanline", "--sync_every", "2", "--max_steps", "5", "--save_every", "0"]
+    one, _ = run_in_process("dpo_humanline.py", [*flags, "--ref_free", "off"], tmp_path / "one")
+    for ref in ("on", "off"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        cmd += ["dpo_humanline.py", *flags, "--micro_batch_size", "2", "--ref_free", ref]
+        proc = warm.run([*cmd, "--output_dir", str(tmp_path / ref)], cwd=ROOT, env=ENV, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Warning" not in proc.stderr, proc.stderr[-3000:]
+        assert_same_training(one, records(tmp_path / ref), 5, rel=1e-4, abs_=1e-6)
+
+
+@pytest.mark.parametrize("ref", ["on", "off"])
+def test_lora_checkpoints_hold_the_adapters_and_resume_exactly(ref, tmp_path):
+    flags = [*BASE, "--humanline", "--sync_every", "4", "--max_steps", "9", "--save_every", "3", "--ref_free", ref]
+    out = tmp_path / "run"
+    full, _ = run_in_process("dpo_humanline.py", flags, out)
+    state = torch.load(out / "checkpoint-6" / "state-rank0.pt", weights_only=True)
+    assert state["policy"] and all("lora_" in k for k in state["policy"])  # the adapters, not the frozen base
+    assert len(state["optimizer"]["state"]) == len(state["policy"])  # AdamW's moments of the adapters
+    assert not os.path.exists(out / "checkpoint-6" / "model.safetensors")  # no copy of the base in a checkpoint
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    shutil.rmtree(resumed / "checkpoint-9")
+    new, _ = run_in_process("dpo_humanline.py", [*flags, "--resume"], resumed)
+    assert [r["step"] for r in steps(new)] == list(range(1, 10))
+    assert_same_training(steps(full), steps(new), 9, rel=1e-6, abs_=1e-9)
+
+
+def test_the_run_ends_with_the_merged_model_and_the_adapter_each_loaded_by_its_library(tmp_path, toy):
+    out = tmp_path / "run"
+    run_in_process("dpo_humanline.py", [*BASE, "--humanline", "--max_steps", "3"], out)
+    merged = AutoModelForCausalLM.from_pretrained(out)  # transformers alone: no peft
+    base = AutoModelForCausalLM.from_pretrained(toy.model)
+    ids = torch.tensor([[3, 5, 7, 9, 11, 13, 4, 6]])
+    with torch.no_grad():
+        untrained = base(ids).logits
+        adapted = peft.PeftModel.from_pretrained(base, out / "adapter")(ids).logits
+        ours = merged(ids).logits
+    assert (ours - untrained).abs().max() > 1e-3  # trained
+    assert torch.allclose(ours, adapted, atol=1e-5)  # W + alpha / r B A is the adapted layer
+    assert {v.dtype for v in load_file(out / "model.safetensors").values()} == {torch.float32}  # the toy's own dtype
+    assert not any("lora" in k or "base_layer" in k for k in load_file(out / "model.safetensors"))
+    last = load_file(out / "checkpoint-3" / "adapter_model.safetensors")
+    assert last.keys() == load_file(out / "adapter" / "adapter_model.safetensors").keys()
+
+
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        ("kto_humanline.py", ["--humanline"]),
+        ("grpo_humanline.py", ["--humanline"]),
+        ("grpo_humanline.py", ["--online", "--beta", "0.1", "--kl_baseline", "initial", "--num_generations", "4"]),
+        ("grpo_humanline.py", ["--online", "--humanline", "--sample_every", "3", "--num_generations", "4"]),
+    ],
+    ids=["kto", "grpo", "grpo-kl-to-the-initial-model", "grpo-off-policy"],
+)
+def test_kto_and_grpo_with_adapters_read_the_base_once_and_their_references_agree(script, flags, tmp_path):
+    argv = [*BASE, *flags, "--max_steps", "5"]
+    free, loads_free = run_in_process(script, argv, tmp_path / "free")
+    adapter, loads_adapter = run_in_process(script, [*argv, "--ref_free", "off"], tmp_path / "adapter")
+    assert loads_free == loads_adapter == 1
+    assert_same_training(free, adapter, 5)
