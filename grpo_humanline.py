@@ -371,6 +371,8 @@ def main():
         pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
         funcs = (a.reward_funcs or "x").split(",")
         weights = (a.reward_weights or a.reward_funcs or "x").split(",")
+        on_policy = a.online and a.sample_every == 1 and not a.pairs_from_samples and a.sync == "none"
+        idle_beta = "--beta: on-policy the KL is to the sampler, the policy itself, so 0; --kl_baseline initial"
         return [
             (a.num_generations < 2 or a.sample_every < 1, "--num_generations >= 2, --sample_every >= 1"),
             (a.pairs_from_samples and (a.offline or a.sample_every > 1), "--pairs_from_samples: online"),
@@ -380,6 +382,8 @@ def main():
             (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
             (a.batch_size % group, f"--batch_size {a.batch_size}: a multiple of the group size {group}"),
             (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
+            (on_policy and a.kl_baseline == "reference" and "beta" in given, idle_beta),
+            (a.kl_baseline == "initial" and a.beta == 0, "--kl_baseline initial acts only with --beta above 0"),
         ]
 
     args = plumbing.parse_args(Args, "grpo", checks)  # a bad flag stops with one line

@@ -92,16 +92,34 @@ def act_bytes(s, bf16):
     return 26 * s.d + 8 * s.f + 4 * s.q + 4 * s.kv if bf16 else 24 * s.d + 16 * s.f + 8 * s.q + 8 * s.kv
 
 
-def fill_defaults(args, world, toy):
+def fill_defaults(args, world):
     """Unset --micro_batch_size and --save_total_limit. The toy's (or a copy's) keep one forward per step and every
     checkpoint, as its committed figures were run; another model takes 4 sequences (DPO: pairs) a forward, or the
     largest divisor of its per-process share below that (the whole share was 232 GiB for a 1.5B model's batch of
-    32 pairs on one process), and keeps the newest 2 checkpoints (resume needs one; at 8B each is about 105 GiB)."""
+    32 pairs on one process), and keeps the newest 2 checkpoints (resume needs one; at 8B each is about 105 GiB).
+    Returns the policy's config (the plan's, read once) and whether the model is the toy's or a copy of it."""
+    config = read_config(args.model_name_or_path, args)
+    toy = config.vocab_size == read_config("toy", args).vocab_size
     share = max(1, args.batch_size // world)
     small = max(d for d in range(1, min(4, share) + 1) if share % d == 0)
     args.micro_batch_size = args.micro_batch_size or (share if toy else small)
     if args.save_total_limit is None:
         args.save_total_limit = 0 if toy else 2
+    return config, toy
+
+
+def at_start(args, script, world, config):
+    """(rows, the lines a run prints): the plan, from the configs alone on every process (so that none is late to the
+    start), for a GPU where there is one or with --plan_only, which prints the table and ends the run here."""
+    import sys
+
+    import torch
+
+    rows = plan(args, script, world, config=config, gpu=args.plan_only or torch.cuda.is_available())
+    if args.plan_only:
+        print(report(args, world, rows, config, details=True))
+        sys.exit(0)
+    return rows, report(args, world, rows, config)
 
 
 def plan(args, script, world, config=None, gpu=True):
@@ -221,9 +239,12 @@ def checkpoint_bytes(config, args):
 
 
 def stop_if_over(args, world, rows, config, rank0):
-    """On a GPU: a run whose plan is above the device's memory prints the table and stops with one line."""
+    """On a GPU: a run whose plan is above the device's memory prints the table and stops with one line (unless
+    --ignore_memory_plan)."""
     import torch
 
+    if not torch.cuda.is_available() or args.ignore_memory_plan:
+        return
     device = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0))).total_memory
     if peak(rows) > device:
         if rank0:
@@ -271,6 +292,18 @@ def prompts_per_sampling(args, script):
     if script != "grpo" or args.pairs_from_samples:
         return args.round_size
     return args.sample_every * args.batch_size // args.num_generations
+
+
+def peak_memory_gib(device):
+    """What a run measures and logs: peak CUDA memory allocated, or on a CPU the process's peak resident set size."""
+    import resource
+    import sys
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 def is_model(name):

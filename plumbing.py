@@ -48,9 +48,7 @@ class RunArgs:
     as_chat: bool = arg(False, "Wrap plain-string prompts as a user message (chat template).")
     system_prompt: str = arg("", "With --as_chat, a system message: text, r1 (Open-R1's), humanline_math (paper's).")
     trust_remote_code: bool = arg(False, "Allow custom model code from the hub.")
-    on_bad_reward: Literal["drop", "stop"] = arg(
-        "drop", "A reward that is NaN, None or raises: drop that sample (counted), or stop the run."
-    )
+    on_bad_reward: Literal["drop", "stop"] = arg("drop", "A NaN, None or raising reward: drop it (counted), or stop.")
     max_bad_steps: int = arg(3, "Steps with a non-finite loss are skipped; this many in a row stop the run.")
     generation_batch_size: int = arg(512, "Sequences per generate() call per process (KV cache).")
     reward_batch_size: int = arg(16, "Sequences per reward-model forward.")
@@ -66,9 +64,7 @@ class RunArgs:
     dist_timeout: int = arg(1800, "Seconds a collective waits: a dead process stops the run.")
     plan_only: bool = arg(False, "Print the memory plan per GPU for these flags and exit (loads no weights).")
     ignore_memory_plan: bool = arg(False, "Start on a GPU even where the plan's peak is above its memory.")
-    precision: Optional[Literal["bf16", "fp32"]] = arg(
-        None, "Compute dtype; unset: bf16 on a GPU, else fp32 (weights, gradients and AdamW stay fp32)."
-    )
+    precision: Optional[Literal["bf16", "fp32"]] = arg(None, "Compute dtype (and LoRA's base); unset: bf16 on a GPU.")
     fp32_head: bool = arg(True, "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16).")
 
 
@@ -101,11 +97,8 @@ def parse_args(Args, name, checks):
         ("at least 1", lambda v: v is None or v >= 1, positive + "generation_batch_size reward_batch_size"),
         ("at least 1", lambda v: v >= 1, "num_eval_prompts max_prompt_length dist_timeout"),
         ("above 0", lambda v: v > 0, "learning_rate adam_eps max_grad_norm temperature sampling_c lora_alpha"),
-        (
-            "at least 0",
-            lambda v: v is None or v >= 0,
-            "eval_every save_every save_total_limit weight_decay seed lora_r",
-        ),
+        ("at least 0", lambda v: v is None or v >= 0, "eval_every save_every save_total_limit weight_decay seed"),
+        ("at least 0", lambda v: v >= 0, "lora_r"),
         ("in [0, 1)", lambda v: 0 <= v < 1, "warmup_ratio"),
         ("in (0, 1]", lambda v: 0 < v <= 1, "top_p"),
     ]:
@@ -131,27 +124,15 @@ def parse_args(Args, name, checks):
         fail(folder and data, f"--{flag} {value}: a directory, not a data file")
         no_model = f"--{flag} {value}: no config.json, not a model folder (a run's model is written at its end)"
         fail(folder and not data and not os.path.exists(os.path.join(value, "config.json")), no_model)
-    config = memory_plan.read_config(args.model_name_or_path, args)  # the plan's, read once
-    toy_model = config.vocab_size == memory_plan.read_config("toy", args).vocab_size  # the toy's, or a copy of it
-    memory_plan.fill_defaults(args, world, toy_model)  # --micro_batch_size, --save_total_limit: the toy's, or a model's
+    config, toy_model = memory_plan.fill_defaults(args, world)  # --micro_batch_size, --save_total_limit
     batch = f"--batch_size {args.batch_size} must be a multiple of --micro_batch_size x processes"
     fail(args.batch_size % (args.micro_batch_size * world), f"{batch} = {args.micro_batch_size} x {world}")
-    for bad, message in toy_task.misused(args) if not (toy_model or args.plan_only) else []:  # (a plan is no run)
-        fail(bad, message)
+    misused = toy_task.misused(args) if not (toy_model or args.plan_only) else []  # the toy's defaults, a real model
     fail("sampling_c" in given and args.clip != "sampling", "--sampling_c acts only with --clip sampling")
-    fail(
-        not args.lora_r and given & {"lora_alpha", "lora_target_modules"},
-        "--lora_alpha and --lora_target_modules act only with --lora_r",
-    )
+    lora = "--lora_alpha and --lora_target_modules act only with --lora_r"
+    fail(not args.lora_r and given & {"lora_alpha", "lora_target_modules"}, lora)
     fail(args.offline and given & {"temperature", "top_p"}, "--temperature and --top_p act only with --online")
-    sampler = args.online and getattr(args, "sample_every", 0) == 1 and not getattr(args, "pairs_from_samples", 0)
-    idle_beta = sampler and args.sync == "none" and getattr(args, "kl_baseline", 0) == "reference" and "beta" in given
-    fail(idle_beta, "--beta: on-policy the KL is to the sampler, the policy itself, so 0; --kl_baseline initial")
-    fail(
-        getattr(args, "kl_baseline", 0) == "initial" and args.beta == 0,
-        "--kl_baseline initial acts only with --beta above 0",
-    )
-    for bad, message in checks(args, given):
+    for bad, message in misused + checks(args, given):  # (--plan_only plans a run: it need not be ready to start)
         fail(bad, message)
     mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "")
     mode += f"-every{args.sample_every}" if getattr(args, "sample_every", 1) > 1 else ""
@@ -161,12 +142,7 @@ def parse_args(Args, name, checks):
     settings = {k: getattr(args, k) for k in sorted(given - set(RESUMABLE) - set(MODE))}  # the rest, by their digest
     tag = "-" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:6] if settings else ""
     args.output_dir = args.output_dir or os.path.join("runs", f"{name}-{mode}{tag}-seed{args.seed}")
-    gpu = torch.cuda.is_available()  # from the configs alone, on every process (so that none is late to the start)
-    rows = memory_plan.plan(args, name, world, config=config, gpu=args.plan_only or gpu)
-    plan = memory_plan.report(args, world, rows, config, details=args.plan_only)
-    if args.plan_only:
-        print(plan)
-        sys.exit(0)
+    rows, plan = memory_plan.at_start(args, name, world, config)  # --plan_only: printed, and the run ends there
     rank0 = int(os.environ.get("RANK", 0)) == 0  # (another node's processes may not see the folder: Session says so)
     fail(rank0 and args.resume and not checkpoints(args.output_dir), f"--resume: no checkpoint in {args.output_dir}")
     taken = os.path.exists(os.path.join(args.output_dir, "args.json")) and rank0
@@ -174,8 +150,7 @@ def parse_args(Args, name, checks):
     fail(taken and not (args.resume or args.overwrite_output_dir), f"--output_dir {args.output_dir} {replace}")
     if rank0:
         print(plan)
-    if gpu and not args.ignore_memory_plan:  # a plan above the device's memory stops here, not an hour in
-        memory_plan.stop_if_over(args, world, rows, config, rank0)
+    memory_plan.stop_if_over(args, world, rows, config, rank0)  # on a GPU, a plan above its memory: not an hour in
     parent = args.output_dir  # it is made when training starts: now, check that it can be
     while not os.path.exists(parent):
         parent = os.path.dirname(parent) or "."
@@ -336,15 +311,7 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
     if name == "none" and kind == "eval":
         return []
     if name == "toy" or name.startswith("toy:"):
-        source = name.partition(":")[2]
-        if kind == "eval":
-            files = {"": toy.prompts_test, "test": toy.prompts_test, "valid": toy.prompts_valid}
-            fail(source not in files, f"{name}: the toy's held-out prompts are toy (its test split) and toy:valid")
-        else:
-            files = {"": toy.offline["strong"]} | toy.offline
-            files = {s: toy.prompts_train if kind == "prompts" else path for s, path in files.items()}
-            fail(source not in files, f"{name}: the toy datasets are toy (= toy:strong) and toy:weak")
-        name = files[source]
+        name = toy_task.data_file(toy, name, kind)
     import datasets
 
     datasets.disable_progress_bars()
@@ -734,7 +701,7 @@ class Session:
             self.reference.seconds = 0.0
         record["tokens_per_s"] = totals[keys.index("tokens")].item() / seconds
         record |= {"perf/step_seconds": seconds, "perf/step_cpu_seconds": cpu_seconds}
-        record["perf/peak_memory_gib"] = peak_memory_gib(self.rt.device)
+        record["perf/peak_memory_gib"] = memory_plan.peak_memory_gib(self.rt.device)
         self.bar.update(1)
         shown = ("loss", "rewards/margins", "kl")
         self.bar.set_postfix({k.split("/")[-1]: f"{record[k]:.3g}" for k in shown if k in record})
@@ -761,17 +728,16 @@ class Session:
     def save(self):
         """output_dir/checkpoint-STEP: the policy (save_pretrained) and each process's training state (its shards of
         policy, reference and optimizer, RNG states, the loop's state), written to a temporary name, then renamed."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
         final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.step}")
         tmp, rank = final + ".tmp", self.rt.rank
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing this step
         self.save_pretrained(tmp)
-        trained = StateDictOptions(ignore_frozen_params=True)  # with --lora_r the adapters: not the frozen base
-        model, optimizer = get_state_dict(self.policy, self.optimizer, options=trained)
+        model, optimizer = get_state_dict(self.policy, self.optimizer)
         frozen = {k for k, p in self.policy.named_parameters(remove_duplicate=False) if not p.requires_grad}
-        model = {k: v for k, v in model.items() if k not in frozen}  # (a head tied to frozen embeddings)
+        model = {k: v for k, v in model.items() if k not in frozen}  # --lora_r: the adapters, not the frozen base
         rng = {"torch": torch.get_rng_state(), "sampling": self.sampling_gen.get_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -855,16 +821,15 @@ class Session:
         for _, close in self.trackers:
             close()
         out = self.args.output_dir
-        into = os.path.join(out, "adapter") if self.args.lora_r else out  # --lora_r: the adapters, and merged below
+        into = os.path.join(out, "adapter") if self.args.lora_r else out  # --lora_r: the adapters; merged in out
+        if self.args.lora_r:
+            self.save_pretrained(out, merged=True)
         if self.rt.rank == 0:
             last = os.path.join(out, f"checkpoint-{self.state.step}")  # the last step always saves
             os.makedirs(into, exist_ok=True)
             for f in os.listdir(last) if os.path.isdir(last) else []:
                 if not f.startswith("state-rank"):
                     link(os.path.join(last, f), os.path.join(into, f))
-        if self.args.lora_r:
-            self.save_pretrained(out, merged=True)
-        if self.rt.rank == 0:
             print(f"saved to {out}" + f" (the adapters alone: {into})" * bool(self.args.lora_r))
         if self.rt.distributed:
             dist.barrier()  # leave together: a process tearing down gloo while another still saves can abort
@@ -937,12 +902,3 @@ def fsync(path, files=True):
         fd = os.open(p, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
-
-
-def peak_memory_gib(device):
-    """Peak CUDA memory allocated, or on a CPU the process's peak resident set size."""
-    import resource
-
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)

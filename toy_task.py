@@ -211,6 +211,23 @@ def misused(args):
     ]
 
 
+def data_file(toy, name, kind):
+    """The file a built-in data name reads: for training (kind 'preferences', 'examples') toy (= toy:strong) and
+    toy:weak, the pairs each source's samples made, online (kind 'prompts') the training prompts; held out (kind
+    'eval') toy (= toy:test) and toy:valid."""
+    source = name.partition(":")[2]
+    if kind == "eval":
+        files = {"": toy.prompts_test, "test": toy.prompts_test, "valid": toy.prompts_valid}
+        if source not in files:
+            raise SystemExit(f"{name}: the toy's held-out prompts are toy (its test split) and toy:valid")
+    else:
+        files = {"": toy.offline["strong"]} | toy.offline
+        files = {s: toy.prompts_train if kind == "prompts" else path for s, path in files.items()}
+        if source not in files:
+            raise SystemExit(f"{name}: the toy datasets are toy (= toy:strong) and toy:weak")
+    return files[source]
+
+
 def make_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

@@ -175,7 +175,8 @@ def test_a_checkpoint_is_the_model_in_its_dtype_and_12_bytes_a_parameter_of_trai
         + 2 * c.hidden_size
     )
     params += c.hidden_size  # the final norm
-    assert memory_plan.checkpoint_bytes(config, SimpleNamespace(lora_r=0)) == params * (2 + 12)  # bf16 model files; fp32 weights + AdamW
+    full = SimpleNamespace(lora_r=0)
+    assert memory_plan.checkpoint_bytes(config, full) == params * (2 + 12)  # bf16 model files; fp32 weights + AdamW
     real = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B-Instruct", "--eval_prompts", "none"]
     assert (parsed("dpo", real).save_total_limit, parsed("dpo", []).save_total_limit) == (2, 0)  # the toy's: all
 

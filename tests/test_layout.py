@@ -28,9 +28,9 @@ import plumbing
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 BUDGET = {  # lines and bytes as ruff formats the script; at most 10% of its lines over 100 characters
-    "dpo_humanline.py": (430, 26_000),
-    "kto_humanline.py": (480, 29_200),  # DESIGN.md's 29 KB missed by 139 bytes: the KL pairs' no-grad forward
-    "grpo_humanline.py": (560, 34_000),
+    "dpo_humanline.py": (450, 27_200),  # DESIGN.md's 430 lines and 26 KB, + 20 lines (and bytes in proportion): LoRA
+    "kto_humanline.py": (500, 30_400),  # 480 and 29.2 KB (the KL pairs' no-grad forward), + 20 for LoRA
+    "grpo_humanline.py": (580, 35_200),  # 560 and 34 KB, + 20 for LoRA
 }
 MODULE_BUDGET = 900  # plumbing.py's lines, as ruff formats it
 SHARED_METHOD = (  # copied into the three scripts, identical
