@@ -797,7 +797,9 @@ class Session:
             full = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in full.items()}
             model = model.get_base_model()
         if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not the fp32 the training keeps
-            dtype = None if self.args.lora_r and not merged else self.policy.export_dtype  # (adapters stay fp32)
+            dtype = (
+                None if self.args.lora_r and not merged else getattr(self.policy, "export_dtype", None)
+            )  # (LoRA: fp32)
             model.save_pretrained(directory, state_dict={k: v.to(dtype or v.dtype) for k, v in full.items()})
             self.tokenizer.save_pretrained(directory)
         self.barrier()

@@ -533,7 +533,7 @@ def test_without_max_steps_a_run_takes_one_pass_over_its_data_and_prints_its_pla
 def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_papers_runs_carry_table_3():
     found = commands()
     assert {a for _, a, _, _ in found} == {"dpo", "kto", "grpo"} and len(found) >= 12
-    papers, maths = set(), []
+    papers, maths, one_gpu = set(), [], set()
     for where, algo, argv, world in found:
         try:
             split = (
@@ -544,9 +544,13 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
             args = parsed(algo, argv, world, rows=int(split[1]) if split else 7500)
         except SystemExit as e:
             pytest.fail(f"{where}: {algo} on {world} processes: {' '.join(argv)}: {e.code}")
+        lora = 10 if args.lora_r else 1  # the one-GPU section: LoRA adapters, at ten times the paper's rate
         if "meta-llama/Meta-Llama-3-8B-Instruct" in argv:  # one of the paper's instruction-following runs
             key = (algo, args.online, args.humanline)
-            assert (args.learning_rate, args.max_grad_norm) == TABLE_3[key], f"{where}: {' '.join(argv)}"
+            lr, max_grad_norm = TABLE_3[key]
+            assert (args.learning_rate, args.max_grad_norm) == (pytest.approx(lr * lora), max_grad_norm), (
+                f"{where}: {' '.join(argv)}"
+            )
             # one pass: 10K pairs at 32 (DPO), 20K examples at 64 (KTO, GRPO); online 12,288 prompts, a pair each
             rows = int(re.fullmatch(r"train\[:(\d+)\]", args.dataset_split)[1])
             assert (rows, args.max_steps) == ((12288, 384) if args.online else (10000, 312)), (
@@ -555,7 +559,7 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
             assert not args.online or args.round_size == 1024, where
             assert not (algo == "grpo" and args.online) or args.pairs_from_samples, f"{where}: Algorithm 1's pairs"
             assert args.lr_scheduler == "constant", f"{where}: the authors hold the rate after warmup"
-            papers.add(key)
+            (one_gpu if args.lora_r else papers).add(key)
         if "Qwen/Qwen2.5-1.5B-Instruct" in argv:  # the math run: the authors' recipe for [-1.5, 1.5] and k = 16
             assert (
                 args.max_steps,
@@ -566,21 +570,26 @@ def test_every_documented_command_starts_on_its_process_count_fits_80gb_and_the_
                 args.advantage_std,
                 args.lr_scheduler,
             ) == (1600, 1e-4, 0.2, "reference", 0.7, "sample", "constant"), where
-            assert (args.learning_rate, args.batch_size // world, args.micro_batch_size) == (1e-6, 32, 8), where
+            assert (args.learning_rate, args.batch_size // world, args.micro_batch_size) == (
+                pytest.approx(1e-6 * lora),
+                256 // world,
+                8,
+            )
             assert (args.sample_every, args.sync, args.sync_every, args.clip) == (64, "humanline", 16, "clamp"), where
             assert (args.log_eps_P, args.log_eps_R, args.temperature, args.top_p) == (-1.5, 1.5, 0.7, 1.0), where
             assert (args.adam_eps, args.weight_decay, args.num_generations, args.max_new_tokens) == (1e-8, 0, 8, 2048)
             assert (args.dataset, args.system_prompt) == ("simplescaling/openaimath", "humanline_math"), where
             weights = dict(zip(args.reward_funcs.split(","), map(float, args.reward_weights.split(","))))
             assert weights == {"accuracy": 8, "format": 1, "tag_count": 1}, where
-            maths.append(where)
+            maths.append(bool(args.lora_r))
         if world > 1:  # a GPU run: it fits an 80 GB GPU by the plan, in bf16
             args.precision = "bf16"
             with mock.patch.object(memory_plan, "read_config", local_config):
                 rows = memory_plan.plan(args, algo, world)
             assert memory_plan.peak(rows) <= 80 * 2**30, f"{where}: {' '.join(argv)}\n{memory_plan.table(rows)}"
     assert papers == set(TABLE_3), f"the paper's runs without a command: {sorted(set(TABLE_3) - papers)}"
-    assert maths, "the paper's math run has no command"
+    assert one_gpu == set(TABLE_3), f"the paper's runs without a one-GPU command: {sorted(set(TABLE_3) - one_gpu)}"
+    assert sorted(maths) == [False, True], "the paper's math run needs a command on 8 GPUs and one on one GPU"
 
 
 def test_a_batch_the_processes_do_not_divide_stops_at_start_up_naming_the_flags():
@@ -589,15 +598,18 @@ def test_a_batch_the_processes_do_not_divide_stops_at_start_up_naming_the_flags(
     assert stopped.value.code == "--batch_size 32 must be a multiple of --micro_batch_size x processes = 32 x 8"
 
 
-def plan_table():
-    """docs/paper-runs.md's table of the memory plan per GPU for each of the paper's runs (8 processes, bf16)."""
+def plan_table(lora=False):
+    """docs/paper-runs.md's table of the memory plan per GPU for each of the paper's runs (8 processes, bf16), or with
+    `lora` for each of its one-GPU LoRA runs, with the smallest GPU (24, 48 or 80 GB) that holds it."""
+    held = "held throughout" if lora else "sharded states"
     lines = [
-        "| run (command above) | sharded states | + training | + generation | + scoring | peak per GPU (GiB) |",
-        "|---|---|---|---|---|---|",
+        f"| run (command above) | {held} | + training | + generation | + scoring | peak per GPU (GiB) |"
+        + " GPU |" * lora,
+        "|---|---|---|---|---|---|" + "---|" * lora,
     ]
     seen = set()
     for where, algo, argv, world in commands():
-        if world < 8 or not where.startswith("docs/paper-runs.md:"):
+        if (world < 8 and not lora) or (lora != ("--lora_r" in argv)) or not where.startswith("docs/paper-runs.md:"):
             continue
         args = parsed(algo, argv, world)
         args.precision = "bf16"
@@ -610,9 +622,10 @@ def plan_table():
         with mock.patch.object(memory_plan, "read_config", local_config):
             rows = memory_plan.plan(args, algo, world)
         phase = {p: sum(v for _, v, q in rows if q == p) / 2**30 for p in ("both", "train", "generate", "score")}
+        gpu = next(g for g in (24, 48, 80, float("inf")) if memory_plan.peak(rows) <= g * 2**30)  # (their GiB)
         lines.append(
             f"| {name} | {phase['both']:.1f} | {phase['train']:.1f} | {phase['generate']:.1f} | "
-            f"{phase['score']:.1f} | {memory_plan.peak(rows) / 2**30:.1f} |"
+            f"{phase['score']:.1f} | {memory_plan.peak(rows) / 2**30:.1f} |" + f" {gpu} GB |" * lora
         )
     return lines
 
@@ -621,3 +634,4 @@ def test_the_docs_give_the_memory_plan_of_each_of_the_papers_runs():
     with open(os.path.join(ROOT, "docs", "paper-runs.md")) as f:
         readme = f.read().splitlines()
     assert all(line in readme for line in plan_table()), "\n".join(plan_table())
+    assert all(line in readme for line in plan_table(lora=True)), "\n".join(plan_table(lora=True))
