@@ -12,6 +12,7 @@ Modes: `--offline` (default: fixed preference pairs, the reference frozen at the
 which samples `--num_samples` completions per prompt; the (best, worst) by reward is a pair if
 their gap is at least `--reward_threshold`); `--humanline` on either (= `--sync humanline --clip
 clamp`). Ablations: `--sync trust_region` (after the update), `--clip sampling` (Beta rejection).
+One GPU: `--lora_r 16` trains LoRA adapters on a frozen base (docs/paper-runs.md, "One GPU").
 
 Where this script departs from the paper (the full table, with flags: docs/paper-runs.md):
 1. No second model holds the reference (`--ref_free on`): at each sync the policy computes the

@@ -17,7 +17,7 @@ policy samples `--num_generations` completions per prompt for the next N steps, 
 `--reward_funcs`; N = 1 is on-policy, the paper's math runs take 64; without --sync the ratio's
 denominator is the sampler, PPO's theta_old); `--online --pairs_from_samples` (Algorithm 1's pairs
 as groups of two); `--humanline` on any (= `--sync humanline --clip clamp`). Ablations: `--sync
-trust_region`, `--clip sampling`.
+trust_region`, `--clip sampling`. One GPU: `--lora_r 16`, LoRA adapters on a frozen base (docs/paper-runs.md).
 
 Where this script departs from the paper (with flags: docs/paper-runs.md):
 1. No second model holds the reference (`--ref_free on`): at each sync the policy computes the

@@ -18,7 +18,7 @@ frozen at the initial policy); `--online` (Algorithm 1: each round of `--round_s
 resets the reference to the policy, which samples `--num_samples` completions per prompt; the best
 and worst, if `--reward_threshold` apart, give a desirable and an undesirable example);
 `--humanline` on either (= `--sync humanline --clip clamp`). Ablations: `--sync trust_region`,
-`--clip sampling`.
+`--clip sampling`. One GPU: `--lora_r 16` trains LoRA adapters on a frozen base (docs/paper-runs.md).
 
 Where this script departs from the paper (with flags: docs/paper-runs.md):
 1. No second model holds the reference (`--ref_free on`): at each sync the policy computes the

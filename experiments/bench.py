@@ -3,6 +3,7 @@
     python experiments/bench.py                       # toy model, a random 30M Llama; DPO, KTO, GRPO (~30 min, 2 cores)
     python experiments/bench.py --models 30m --algos dpo --repeats 2
     python experiments/bench.py --quick               # toy model, 3 steps: a smoke test (~5 min)
+    python experiments/bench.py --lora --algos dpo --out experiments/results/bench_lora   # LoRA beside full weights
     python experiments/bench.py --trl --models 30m --repeats 5 --steps 16            # DPO beside TRL's DPOTrainer
     python experiments/bench.py --trl --algos grpo --models toy --steps 5 --repeats 5 # GRPO beside TRL's GRPOTrainer
 
@@ -71,6 +72,19 @@ OFFLINE = [
     ("humanline k=1", ["--offline", "--humanline"]),
     ("k=1, 2 models", ["--offline", "--humanline", "--ref_free", "off"]),
     ("humanline k=16", ["--offline", "--humanline", "--sync_every", "16"]),
+]
+# --lora: LoRA adapters (rank 16 on every linear layer) beside full fine-tuning, and the two ways to hold a synced
+# reference with adapters: computed by the policy at the sync (reference-free, the default) or a second set of adapters
+LORA = ["--lora_r", "16"]
+LORA_ROWS = [
+    ("offline", ["--offline", "--ref_free", "off"]),
+    ("humanline k=1", ["--offline", "--humanline"]),
+    ("LoRA offline", ["--offline", *LORA]),
+    ("LoRA offline, adapters disabled", ["--offline", "--ref_free", "off", *LORA]),
+    ("LoRA humanline k=1", ["--offline", "--humanline", *LORA]),
+    ("LoRA k=1, adapter reference", ["--offline", "--humanline", "--ref_free", "off", *LORA]),
+    ("LoRA humanline k=16", ["--offline", "--humanline", "--sync_every", "16", *LORA]),
+    ("LoRA k=16, adapter reference", ["--offline", "--humanline", "--sync_every", "16", "--ref_free", "off", *LORA]),
 ]
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}  # dense bf16
 
@@ -721,6 +735,7 @@ def bench(opts, device, workdir):
         for algo in opts.algos:
             batch = BATCH[model][algo]
             configs = [("floor", None)] + OFFLINE + [("online", online_flags(algo, model, batch))]
+            configs = [("floor", None)] + LORA_ROWS if opts.lora else configs
             results = {}
             for rep in range(opts.repeats):  # repeats interleave the configurations: slow spells hit all alike
                 for name, flags in configs:
@@ -910,6 +925,7 @@ def main():
         help="Peak dense TFLOP/s of the device for MFU (GPU default: from its name).",
     )
     p.add_argument("--quick", action="store_true", help="Toy model, 3 steps: a smoke test.")
+    p.add_argument("--lora", action="store_true", help="LoRA adapters beside full fine-tuning, offline.")
     p.add_argument("--out", default=os.path.join(RESULTS, "bench"), help="Writes OUT.jsonl and OUT.md.")
     p.add_argument(
         "--trl",

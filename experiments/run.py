@@ -84,6 +84,11 @@ def paper_lr(cell):
     return PAPER_LR[cell.split("+")[0]]
 
 
+def paper_rates():
+    """--quick's rates: every variant's at the paper's, LoRA's too."""
+    return {cell: paper_lr(cell) for cell, _, _ in CELLS} | {f"{c} lora": paper_lr(c) for c, _, _ in LORA_CELLS}
+
+
 def lr_flags(rate):
     return ["--learning_rate", f"{rate:g}"]
 
@@ -1217,7 +1222,7 @@ def quick_suites(results):
         "--eval_every",
         "0",
     ]
-    full, seen = suites(results, {cell: paper_lr(cell) for cell, _, _ in CELLS}), set()
+    full, seen = suites(results, paper_rates()), set()
     out = {}
     for suite in (
         "main",
@@ -1327,7 +1332,7 @@ def main():
                     if (i + 1) % 10 == 0:  # nothing finished is lost for long; the archive is what gets committed
                         pack(results, suite)
             pack(results, suite)
-    chosen = choose_rates(results) if not args.quick else {cell: paper_lr(cell) for cell, _, _ in CELLS}
+    chosen = choose_rates(results) if not args.quick else paper_rates()
     all_configs = quick_suites(results) if args.quick else suites(results, chosen)
     main_rows = summarize(load_runs(results, "main"), all_configs["main"])
     for suite in names if args.suite == "all" else [args.suite]:

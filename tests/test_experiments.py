@@ -319,7 +319,7 @@ def test_quick_exercises_every_configuration(tmp_path, monkeypatch):
     quick = os.path.join(str(tmp_path), "quick")
     full = {
         (suite, name): run.shape(script, flags)
-        for suite, configs in run.suites(quick, {c: 1e-6 for c, _, _ in run.CELLS}).items()
+        for suite, configs in run.suites(quick, {c: 1e-6 for c in run.paper_rates()}).items()
         for name, script, flags, _ in configs
     }
     ran = set()
@@ -464,11 +464,11 @@ def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_pat
     files = [f for f in tracked.stdout.split() if "/previous/" not in f]
     if not any(f.endswith(".tar.gz") for f in files):
         pytest.skip("not a git checkout with committed results")
-    suites = ("sweep", "main", "instances", "offpolicy", "ablations", "quality")
+    suites = ("sweep", "main", "instances", "offpolicy", "ablations", "quality", "lora_sweep", "lora")
     tables = [
         f for f in files if os.path.basename(f) in {"setup.md"} | {f"{s}{x}" for s in suites for x in (".md", ".jsonl")}
     ]
-    assert len(tables) == 13
+    assert len(tables) == 17
     for f in set(files) - set(tables):  # the tables are left out: the report has to write them
         dest = tmp_path / os.path.relpath(f, "experiments/results")
         dest.parent.mkdir(parents=True, exist_ok=True)
