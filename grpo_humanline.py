@@ -205,7 +205,7 @@ class ReferenceModel:
             if hasattr(model, "reshard"):  # FSDP2 keeps the root gathered after a no-grad forward
                 model.reshard()
         for r, p in zip(self.model.parameters(), policy.parameters()):
-            plumbing.local(r).copy_(plumbing.local(p))
+            ref_free.local(r).copy_(ref_free.local(p))
         self.seconds += time.time() - t0
 
     reset = sync  # at step 0 and at an online round's start (Algorithm 1)

@@ -606,10 +606,6 @@ def evaluate(policy, tokenizer, scorer, rows, args, rt):
     return sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")[1]
 
 
-def local(p):
-    return p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 parameter: this process's shard
-
-
 def accumulate(sums, metrics):
     """Add each metric's (sum, count) of entries: a step's value is the mean over micro-batches and processes."""
     for k, v in metrics.items():
@@ -796,10 +792,8 @@ class Session:
                 full[w] = full[w].float() + (delta.T if m.fan_in_fan_out else delta)  # (GPT-2's Conv1D: W^T)
             full = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in full.items()}
             model = model.get_base_model()
-        if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not the fp32 the training keeps
-            dtype = (
-                None if self.args.lora_r and not merged else getattr(self.policy, "export_dtype", None)
-            )  # (LoRA: fp32)
+        if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not training's fp32; adapters stay fp32
+            dtype = None if self.args.lora_r and not merged else getattr(self.policy, "export_dtype", None)
             model.save_pretrained(directory, state_dict={k: v.to(dtype or v.dtype) for k, v in full.items()})
             self.tokenizer.save_pretrained(directory)
         self.barrier()

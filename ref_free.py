@@ -15,7 +15,9 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from plumbing import local
+
+def local(p):
+    return p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 parameter: this process's shard
 
 
 class PolicyAsReference:

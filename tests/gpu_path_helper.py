@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dpo_humanline as dpo  # noqa: E402
 import memory_plan  # noqa: E402
 import plumbing  # noqa: E402
+import ref_free  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(1)
@@ -125,7 +126,7 @@ def fsdp(model_dir, out):
         result["loaded_equal"] = ref.keys() == full.keys() and all(torch.equal(ref[k], full[k]) for k in ref)
     result["model_bytes"] = sum(p.numel() * 4 for p in policy.parameters())  # DTensors: the full size
     result["largest_bytes"] = max(p.numel() * 4 for p in policy.parameters())
-    result["shard_bytes"] = sum(plumbing.local(p).numel() * 4 for p in policy.parameters())
+    result["shard_bytes"] = sum(ref_free.local(p).numel() * 4 for p in policy.parameters())
     del full
 
     calls = []
@@ -169,7 +170,7 @@ def train(model_dir, data, out, precision):
 
     def after_micro_batch(real, sums, metrics):  # the loop calls it after the micro-batch's backward
         grads = [p.grad for p in models[0].parameters() if p.grad is not None]
-        result["grad_bytes"].append(sum(plumbing.local(g).numel() * g.element_size() for g in grads))
+        result["grad_bytes"].append(sum(ref_free.local(g).numel() * g.element_size() for g in grads))
         result["grad_dtypes"] |= {str(g.dtype) for g in grads}
         return real(sums, metrics)
 
@@ -182,7 +183,7 @@ def train(model_dir, data, out, precision):
 
     def update(real, policy, ref, optimizer, *a, **kw):
         result["params"] = {str(p.dtype) for p in policy.parameters()}
-        result["shard_bytes"] = sum(plumbing.local(p).numel() * p.element_size() for p in policy.parameters())
+        result["shard_bytes"] = sum(ref_free.local(p).numel() * p.element_size() for p in policy.parameters())
         done = real(policy, ref, optimizer, *a, **kw)
         moments = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1]
         result["adam"] = {str(v.dtype) for v in moments}
