@@ -81,10 +81,19 @@ def counted(config, cache={}):
 
 def adapter_params(config, args):
     """--lora_r's trained parameters: r (in + out) for each linear layer --lora_target_modules names (all-linear: all
-    but the head); where the model cannot be built, a Llama's seven projections per layer."""
+    but the head); where the model cannot be built, a Llama's seven projections per layer. Names that match no linear
+    layer stop here, before any weights load."""
     s, built, names = shapes(config), counted(config), args.lora_target_modules.split(",")
-    linears = built[2] if built else [("", 5 * s.d + 2 * s.q + 2 * s.kv + 3 * s.f)] * s.layers
-    return args.lora_r * sum(w for n, w in linears if args.lora_target_modules == "all-linear" or n in names)
+    d, f, q, kv = s.d, s.f, s.q, s.kv
+    llama = dict(
+        q_proj=d + q, k_proj=d + kv, v_proj=d + kv, o_proj=q + d, gate_proj=d + f, up_proj=d + f, down_proj=f + d
+    )
+    linears = built[2] if built else list(llama.items()) * s.layers
+    a = args.lora_r * sum(w for n, w in linears if args.lora_target_modules == "all-linear" or n in names)
+    if not a and built:
+        found = ", ".join(sorted({n for n, _ in linears}))
+        raise SystemExit(f"--lora_target_modules {args.lora_target_modules}: names no linear layer (they are: {found})")
+    return a
 
 
 def act_bytes(s, bf16):

@@ -19,6 +19,7 @@ from test_performance import ENV, assert_same_training, records, run_in_process,
 from transformers import AutoModelForCausalLM
 
 import dpo_humanline
+import memory_plan
 import plumbing
 import ref_free
 
@@ -115,10 +116,13 @@ def test_a_sync_copies_the_adapters_and_nothing_else(toy, monkeypatch):
         (["--lora_r", "-1"], "--lora_r must be at least 0, got -1"),
         (["--lora_r", "8", "--lora_alpha", "0"], "--lora_alpha must be above 0, got 0.0"),
         (["--lora_alpha", "32"], "--lora_alpha and --lora_target_modules act only with --lora_r"),
-        (["--lora_r", "8", "--lora_target_modules", "qkv_proj"], "--lora_target_modules qkv_proj: Target modules"),
-        (["--lora_r", "8", "--lora_target_modules", "input_layernorm"], "--lora_target_modules input_layernorm: "),
+        (["--lora_r", "8", "--lora_target_modules", "qkv_proj"], "--lora_target_modules qkv_proj: names no linear"),
+        (
+            ["--lora_r", "8", "--lora_target_modules", "q_proj,norm"],
+            "--lora_target_modules q_proj,norm: names no linear",
+        ),
     ],
-    ids=["negative-rank", "zero-alpha", "alpha-alone", "no-such-modules", "a-layer-peft-cannot-wrap"],
+    ids=["negative-rank", "zero-alpha", "alpha-alone", "no-such-modules", "a-norm-among-them"],
 )
 def test_bad_lora_flags_stop_with_one_line(flags, says, tmp_path):
     cmd = [sys.executable, "dpo_humanline.py", "--max_steps", "1", "--output_dir", str(tmp_path / "run"), *flags]
@@ -126,6 +130,24 @@ def test_bad_lora_flags_stop_with_one_line(flags, says, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(says), proc.stderr
+
+
+def test_names_that_match_no_linear_layer_stop_before_the_weights_load_and_peft_refusals_in_one_line(toy):
+    """The plan counts the adapters from the config (a meta-device model): names that match no linear layer stop at
+    start-up, before any weights load (a one-line test above); a layer peft cannot wrap stops in one line at wrap."""
+    args, _ = lora_args(lora_target_modules="qkv_proj")
+    with pytest.raises(
+        SystemExit, match=r"^--lora_target_modules qkv_proj: names no linear layer \(they are: down_proj"
+    ):
+        memory_plan.adapter_params(memory_plan.read_config("toy", args), args)
+    args.lora_target_modules = "q_proj,v_proj"  # r (in + out) per adapted layer: 8 (128 + 128) x 2 x 3 layers
+    assert memory_plan.adapter_params(memory_plan.read_config("toy", args), args) == 8 * 256 * 2 * 3
+    args.lora_target_modules = "input_layernorm"
+    base = AutoModelForCausalLM.from_pretrained(toy.model)
+    with pytest.raises(SystemExit) as stopped:
+        plumbing.add_adapters(base, args)
+    assert str(stopped.value.code).startswith("--lora_target_modules input_layernorm: Target module LlamaRMSNorm")
+    assert "\n" not in str(stopped.value.code)
 
 
 @pytest.mark.parametrize("script", ["dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py"])
