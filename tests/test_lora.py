@@ -119,7 +119,7 @@ def test_a_sync_copies_the_adapters_and_nothing_else(toy, monkeypatch):
         (["--lora_r", "8", "--lora_target_modules", "qkv_proj"], "--lora_target_modules qkv_proj: names no linear"),
         (
             ["--lora_r", "8", "--lora_target_modules", "q_proj,norm"],
-            "--lora_target_modules q_proj,norm: names no linear",
+            "--lora_target_modules q_proj,norm: Target module Llama",
         ),
     ],
     ids=["negative-rank", "zero-alpha", "alpha-alone", "no-such-modules", "a-norm-among-them"],
