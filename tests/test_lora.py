@@ -171,6 +171,24 @@ def test_two_processes_with_adapters_train_as_one_and_print_no_warning(tmp_path)
         assert_same_training(one, records(tmp_path / ref), 5, rel=1e-4, abs_=1e-6)
 
 
+def test_two_processes_in_bf16_shard_a_bf16_base_beside_fp32_adapters(tmp_path):
+    """The GPU's dtype chain, forced on the CPU: FSDP2 groups that hold the frozen bf16 base and the fp32 adapters,
+    gathered in bf16; the adapters and AdamW's moments stay fp32 and the loss stays near fp32's."""
+    flags = [*BASE, "--humanline", "--max_steps", "3", "--micro_batch_size", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "dpo_humanline.py"]
+    for precision in ("fp32", "bf16"):
+        out = ["--output_dir", str(tmp_path / precision), "--precision", precision]
+        proc = warm.run([*cmd, *flags, *out], cwd=ROOT, env=ENV, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(tmp_path / "bf16" / "checkpoint-3" / "state-rank1.pt", weights_only=True)
+    assert {v.dtype for v in state["policy"].values()} == {torch.float32}
+    assert {m.dtype for s in state["optimizer"]["state"].values() for k, m in s.items() if k != "step"} == {
+        torch.float32
+    }
+    fp32, bf16 = steps(records(tmp_path / "fp32")), steps(records(tmp_path / "bf16"))
+    assert [r["loss"] for r in bf16] == pytest.approx([r["loss"] for r in fp32], abs=2e-3)
+
+
 @pytest.mark.parametrize("ref", ["on", "off"])
 def test_lora_checkpoints_hold_the_adapters_and_resume_exactly(ref, tmp_path):
     flags = [*BASE, "--humanline", "--sync_every", "4", "--max_steps", "9", "--save_every", "3", "--ref_free", ref]
