@@ -1,7 +1,7 @@
 """Reproduce the paper's comparisons on the built-in toy task: learning rates chosen per variant, seeds, p-values.
 
-    python experiments/run.py                      # every suite, in order (417 runs, ~5 h on 2 CPU cores; resumable)
-    python experiments/run.py --suite sweep        # sweep | main | instances | offpolicy | ablations | quality
+    python experiments/run.py                      # every suite, in order (543 runs, ~7 h on 2 CPU cores; resumable)
+    python experiments/run.py --suite sweep        # or main, instances, offpolicy, ablations, quality, lora_sweep, lora
     python experiments/run.py --suite lora_sweep && python experiments/run.py --suite lora   # LoRA against full
     python experiments/run.py --report             # only rebuild the tables and plots from finished runs
     python experiments/run.py --quick              # each code path of every suite, 2 steps (about 2.5 minutes)
@@ -13,7 +13,9 @@ online+humanline) at five learning rates (0.25x-4x the paper's, its Table 3), 3 
 chosen rates with other seeds and is scored on the *test* prompts: `main` (5 seeds, evaluated every 10 steps),
 `instances` (the main comparisons on two more toy instances built from seeds 1 and 2), `offpolicy` (off-policy GRPO),
 `ablations` (DPO's, the regime probes of all three objectives, GRPO's clip probe) and `quality` (DPO). A suite whose
-rates are not chosen yet leaves those configurations out.
+rates are not chosen yet leaves those configurations out. `lora_sweep` does for LoRA adapters (rank 8 on every linear
+layer) what `sweep` does, at 2.5x-40x the paper's rates, for DPO and GRPO offline, offline + humanline and online; then
+`lora` trains each of those six with adapters and with every weight, each at its own chosen rate, 3 seeds.
 
 Each run is one training script in a subprocess with one CPU thread (`--jobs` at a time). A run is finished when its
 `metrics.jsonl` has an evaluation at the final step; finished runs are skipped, so an interrupted invocation
