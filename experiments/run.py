@@ -1344,7 +1344,7 @@ def main():
                 "Data-quality proxy ranges (mean token log-prob under the starting policy), quartiles 1-4: "
                 + ", ".join(f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in make_quartiles(results))
             )
-        if suite in ("main", "instances", "offpolicy", "ablations", "quality") and not args.quick:
+        if suite in ("main", "instances", "offpolicy", "ablations", "quality", "lora") and not args.quick:
             extra = (
                 (extra + "\n\n" if extra else "")
                 + "Learning rates chosen on the validation prompts (the sweep): "
