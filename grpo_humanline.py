@@ -17,7 +17,7 @@ policy samples `--num_generations` completions per prompt for the next N steps, 
 `--reward_funcs`; N = 1 is on-policy, the paper's math runs take 64; without --sync the ratio's
 denominator is the sampler, PPO's theta_old); `--online --pairs_from_samples` (Algorithm 1's pairs
 as groups of two); `--humanline` on any (= `--sync humanline --clip clamp`). Ablations: `--sync
-trust_region`, `--clip sampling`. One GPU: `--lora_r 16`, LoRA adapters on a frozen base (docs/paper-runs.md).
+trust_region`, `--clip sampling`. One GPU: `--lora_r 16`, LoRA adapters on a frozen base.
 
 Where this script departs from the paper (with flags: docs/paper-runs.md):
 1. No second model holds the reference (`--ref_free on`): at each sync the policy computes the
@@ -80,7 +80,7 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     gradient_checkpointing: bool = arg(False, "Recompute each layer in the backward (8B: on).")
     lora_r: int = arg(0, "LoRA rank: train adapters on the frozen base (0: train every weight).")
     lora_alpha: float = arg(16.0, "LoRA scale: each adapted weight is W + alpha / r x B A.")
-    lora_target_modules: str = arg("all-linear", "Layers with adapters: all-linear, or names with commas.")
+    lora_target_modules: str = arg("all-linear", "Layers given adapters: all-linear, or names.")
     learning_rate: float = arg(5e-6, "Peak learning rate (paper: 5e-6; math 1e-6).")
     warmup_ratio: float = arg(0.1, "Linear warmup over this fraction of the steps.")
     lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0 or hold.")
@@ -108,7 +108,7 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
-    ref_free: Literal["on", "off"] = arg("on", "on: no reference model (same values); off: one (LoRA: adapters).")
+    ref_free: Literal["on", "off"] = arg("on", "on: no reference model (same values); off: one.")
     # online sampling
     num_generations: int = arg(8, "G: completions sampled per prompt.")
     sample_every: int = arg(1, "Sample every N steps the data of N steps (1: on-policy; math: 64).")
@@ -428,8 +428,9 @@ def main():
     reset_each_sampling = args.sync == "none" or args.pairs_from_samples  # else syncing spans them
     if on_policy:
         reference = None
-    elif args.ref_free == "off" and args.lora_r:  # the base with adapters disabled, or with those of the last sync
-        reference = ref_free.AdapterReference(policy, token_logps, rt, frozen=args.offline and args.sync == "none")
+    elif args.ref_free == "off" and args.lora_r:  # LoRA: the base, with no adapters or the last sync's
+        never_synced = args.offline and args.sync == "none"
+        reference = ref_free.AdapterReference(policy, token_logps, rt, frozen=never_synced)
     elif args.ref_free == "off":  # a second model, sharded exactly like the policy
         reference = ReferenceModel(load_model(args, toy, rt), rt)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
@@ -438,8 +439,10 @@ def main():
         reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule, wait=wait)
     base = None  # --kl_baseline initial: the frozen starting policy (unless the reference is it)
     if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
-        frozen = ref_free.AdapterReference(policy, token_logps, rt, frozen=True) if args.lora_r else None
-        base = frozen or ReferenceModel(load_model(args, toy, rt), rt)  # LoRA: the base, adapters disabled
+        if args.lora_r:  # the base with the adapters disabled: no second copy of it
+            base = ref_free.AdapterReference(policy, token_logps, rt, frozen=True)
+        else:
+            base = ReferenceModel(load_model(args, toy, rt), rt)
     funcs = zip(args.reward_funcs.split(","), args.reward_weights.split(",")) if args.online else []
     reward_fns = [(name, float(weight), plumbing.make_scorer(name, args, rt)) for name, weight in funcs]
     scorer = plumbing.make_scorer(args.reward_model, args, rt) if eval_prompts else None

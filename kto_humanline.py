@@ -18,7 +18,7 @@ frozen at the initial policy); `--online` (Algorithm 1: each round of `--round_s
 resets the reference to the policy, which samples `--num_samples` completions per prompt; the best
 and worst, if `--reward_threshold` apart, give a desirable and an undesirable example);
 `--humanline` on either (= `--sync humanline --clip clamp`). Ablations: `--sync trust_region`,
-`--clip sampling`. One GPU: `--lora_r 16` trains LoRA adapters on a frozen base (docs/paper-runs.md).
+`--clip sampling`. One GPU: `--lora_r 16`, LoRA adapters on a frozen base (docs/paper-runs.md).
 
 Where this script departs from the paper (with flags: docs/paper-runs.md):
 1. No second model holds the reference (`--ref_free on`): at each sync the policy computes the
@@ -74,7 +74,7 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     gradient_checkpointing: bool = arg(False, "Recompute each layer in the backward (8B: on).")
     lora_r: int = arg(0, "LoRA rank: train adapters on the frozen base (0: train every weight).")
     lora_alpha: float = arg(16.0, "LoRA scale: each adapted weight is W + alpha / r x B A.")
-    lora_target_modules: str = arg("all-linear", "Layers with adapters: all-linear, or names with commas.")
+    lora_target_modules: str = arg("all-linear", "Layers given adapters: all-linear, or names.")
     learning_rate: float = arg(5e-6, "Peak learning rate (paper: 5e-6 offline, 2.5e-6 online).")
     warmup_ratio: float = arg(0.1, "Linear warmup over this fraction of the steps.")
     lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0 or hold.")
@@ -96,7 +96,7 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
-    ref_free: Literal["on", "off"] = arg("on", "on: no reference model (same values); off: one (LoRA: adapters).")
+    ref_free: Literal["on", "off"] = arg("on", "on: no reference model (same values); off: one.")
     # online sampling
     round_size: int = arg(256, "Prompts per online round (paper: 1024).")
     num_samples: int = arg(8, "Completions sampled per prompt.")
@@ -368,8 +368,9 @@ def main():
 
     # models: the policy and its reference, the scorer; the optimizer and schedule
     policy = load_model(args, toy, rt).train()
-    if args.ref_free == "off" and args.lora_r:  # the base with adapters disabled, or with those of the last sync
-        reference = ref_free.AdapterReference(policy, token_logps, rt, frozen=args.offline and args.sync == "none")
+    if args.ref_free == "off" and args.lora_r:  # LoRA: the base, with no adapters or the last sync's
+        never_synced = args.offline and args.sync == "none"
+        reference = ref_free.AdapterReference(policy, token_logps, rt, frozen=never_synced)
     elif args.ref_free == "off":  # a second model, sharded exactly like the policy
         reference = ReferenceModel(load_model(args, toy, rt), rt)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
