@@ -7,6 +7,10 @@ next sync, and keeps them on the CPU. The loop's lines are the same in both ways
 inputs)` in the step, `reference.sync(policy, step)` in optimizer_step, `reference.reset(policy, step)` at step 0
 and at an online round's start. The values are the same too (tests/test_performance.py compares the two step by
 step); what changes is one model in memory instead of two, and the reference's forwards run at the sync point.
+
+With LoRA adapters (--lora_r) neither way holds a second copy of the base: reference-free as above (a snapshot kept
+for later steps is the adapters alone), or with --ref_free off the AdapterReference below, a second set of adapters.
+The helper `local` (a parameter's own shard) serves every reference, the scripts' ReferenceModel too.
 """
 
 import itertools
@@ -124,7 +128,9 @@ class AdapterReference:
 
     @torch.no_grad()
     def sync(self, policy, step):  # the reference's adapters <- the policy's
+        t0 = time.time()
         for r, p in zip(self.held or [], [p for p in policy.parameters() if p.requires_grad]):
             r.copy_(local(p))
+        self.seconds += time.time() - t0
 
     reset = sync  # at step 0 and at an online round's start
