@@ -3,7 +3,7 @@
     python experiments/bench.py                       # toy model, a random 30M Llama; DPO, KTO, GRPO (~30 min, 2 cores)
     python experiments/bench.py --models 30m --algos dpo --repeats 2
     python experiments/bench.py --quick               # toy model, 3 steps: a smoke test (~5 min)
-    python experiments/bench.py --lora --algos dpo --out experiments/results/bench_lora   # LoRA beside full weights
+    python experiments/bench.py --lora --algos dpo --steps 20 --out experiments/results/bench_lora  # LoRA beside full
     python experiments/bench.py --trl --models 30m --repeats 5 --steps 16            # DPO beside TRL's DPOTrainer
     python experiments/bench.py --trl --algos grpo --models toy --steps 5 --repeats 5 # GRPO beside TRL's GRPOTrainer
 
@@ -22,6 +22,12 @@ rows excepted, which train on what they sample):
     online           --online: a round's sampling (+ scoring, + GRPO's sampler log-probs) and its training steps,
                      timed separately ("round s" column)
     sync             one ReferenceModel.sync (an in-place copy of every parameter into the reference), timed alone
+
+With --lora, LoRA adapters (rank 16 on every linear layer) beside full fine-tuning (offline, humanline k=1), offline
+and under humanline at k = 1 and 16, each with the reference held both ways: reference-free (the default) and as a
+second set of adapters (`--ref_free off`; never synced, the adapters disabled). The reference log-probs a
+reference-free run computes at step 0 fall before its first step, outside the step times: the "run CPU" column, the
+whole process's CPU time (start-up and load, the same for every row, included), counts them.
 
 Measured: each configuration runs in a fresh process (one thread on CPU) for --steps optimizer steps, timed by the
 scripts' own perf/ metrics (the step's wall time and CPU time: data, forwards, backward, update; not logging or
@@ -697,7 +703,11 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
             *flags,
         ]
     )
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         if proc.returncode:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -709,6 +719,9 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
     rounds = [r["online/seconds"] for r in records if "online/seconds" in r]
     return {
         "steps": [r["perf/step_seconds"] for r in train],
+        # the whole process's CPU time: start-up and load, what the steps leave out (the reference log-probs computed
+        # at step 0, before the first step), the steps, the final save
+        "run_cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
         "cpu": [r["perf/step_cpu_seconds"] for r in train],
         "peak_gib": max(r["perf/peak_memory_gib"] for r in train),
         "round_s": statistics.median(rounds) if rounds else None,
@@ -803,6 +816,7 @@ def bench(opts, device, workdir):
                         "peak_gib": peak[name],
                         "peak_vs_offline": peak[name] / peak["offline"],
                         "median_cpu_s": median_cpu[name],
+                        "run_cpu_s": min(r.get("run_cpu", 0.0) for r in results[name]),
                         "peak_gib_timing_runs": [r["peak_gib"] for r in results[name]],
                         "all_steps": [r["steps"] for r in results[name]],
                         "all_cpu": [r["cpu"] for r in results[name]],
@@ -846,11 +860,12 @@ def table(rows):
                 else f"**{model} on {device}**",
                 "",
             ]
+            whole = any(r.get("run_cpu_s") for r in block)  # the whole process's CPU time, where measured
             lines += [
                 "| algo | configuration | step wall (s) | step CPU (s) | / offline | / floor | peak memory (GiB) "
                 "| / offline "
-                "| tokens/s | TFLOP/s" + (" | MFU" if mfu else "") + " |",
-                "|---|---|---|---|---|---|---|---|---|---" + ("|---" if mfu else "") + "|",
+                "| tokens/s | TFLOP/s" + (" | MFU" if mfu else "") + (" | run CPU (s)" if whole else "") + " |",
+                "|---|---|---|---|---|---|---|---|---|---" + ("|---" if mfu else "") + ("|---" if whole else "") + "|",
             ]
             for r in block:
                 if r["config"] == "python + libraries":
@@ -859,7 +874,7 @@ def table(rows):
                     lines.append(
                         f"| {r['algo']} | sync (one in-place copy) | {r['step_s'] * 1000:.1f} ms "
                         f"| {r['step_cpu_s'] * 1000:.1f} ms | "
-                        f"{100 * r['vs_offline']:.2f}% | | | | | |" + (" |" if mfu else "")
+                        f"{100 * r['vs_offline']:.2f}% | | | | | |" + (" |" if mfu else "") + (" |" if whole else "")
                     )
                     continue
                 tps = (
@@ -873,6 +888,7 @@ def table(rows):
                     f"| {r['vs_floor']:.3f} | "
                     f"{r['peak_gib']:.3f} | {r['peak_vs_offline']:.3f} | {tps} | {fmt(r.get('tflops'), '.3f')}"
                     + (f" | {fmt(r.get('mfu'), '.1%')}" if mfu else "")
+                    + (f" | {fmt(r.get('run_cpu_s'), '.2f')}" if whole else "")
                     + " |"
                 )
     return "\n".join(lines)
