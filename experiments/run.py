@@ -759,10 +759,10 @@ def rate_of(flags):
     return float(flags[flags.index("--learning_rate") + 1]) if "--learning_rate" in flags else math.nan
 
 
-def long_table(rows):
+def long_table(rows, held_out="the toy test problems"):
     """Two tables: the held-out results, then time and the humanline diagnostics."""
     lines = [
-        "Final held-out greedy reward and exact accuracy on the toy test problems (mean ± standard error over seeds); "
+        f"Final held-out greedy reward and exact accuracy on {held_out} (mean ± standard error over seeds); "
         "`new seed`: where one more seed's reward should land (a 95% prediction interval from these seeds); the "
         "learning rate; the regime of the humanline diagnostics below (clamp active: >= 1% of tokens outside the "
         "clamp's range, rare: 0.1-1%, idle: < 0.1%).",
@@ -1031,7 +1031,8 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
         more, plotted = instance_tables(rows, list(main_rows))
         lines += more + [""] + long_table(rows)
     else:
-        lines += long_table(rows) + tests_table(significance(rows, comparisons(suite))) + time_ratios(rows)
+        held_out = "the toy's 256 validation prompts" if suite == "lora_sweep" else "the toy test problems"
+        lines += long_table(rows, held_out) + tests_table(significance(rows, comparisons(suite))) + time_ratios(rows)
     if suite in ("sweep", "main"):
         lines += ["", "The settings of each variant, from its runs' args.json:", ""] + setup_table(rows)
     if suite == "sweep":  # the README's setup table (the other suites change only the learning rate and evaluation)
