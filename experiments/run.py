@@ -1346,10 +1346,13 @@ def main():
                 + ", ".join(f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in make_quartiles(results))
             )
         if suite in ("main", "instances", "offpolicy", "ablations", "quality", "lora") and not args.quick:
+            lora = suite == "lora"  # its rows' rates: full fine-tuning's from the sweep, LoRA's from lora_sweep
+            cells = {cell for cell, _, _ in LORA_CELLS} if lora else {cell for cell, _, _ in CELLS}
+            rates = [(c, r) for c, r in chosen.items() if c.removesuffix(" lora") in cells and (lora or c in cells)]
             extra = (
                 (extra + "\n\n" if extra else "")
-                + "Learning rates chosen on the validation prompts (the sweep): "
-                + (", ".join(f"{c} {r:g}" for c, r in chosen.items()) or "none yet")
+                + f"Learning rates chosen on the validation prompts (the sweep{' and lora_sweep' * lora}): "
+                + (", ".join(f"{c} {r:g}" for c, r in rates) or "none yet")
                 + "."
             )
         report(results, suite, all_configs[suite], main_rows, args.mix_code, extra)
