@@ -951,6 +951,43 @@ def evidence(test):
     )
 
 
+def lora_tables(rows):
+    """LoRA against full fine-tuning: each variant's two rows side by side, then humanline's comparisons with each."""
+    by, tests = {r["config"]: r for r in rows}, significance(rows, comparisons("lora"))
+    verdict = {(t["a"], t["b"]): t for t in tests}
+    lines = [
+        "",
+        "Each variant with every weight trained and with LoRA adapters (final test reward, mean ± standard error; the "
+        "difference's verdict and Holm-corrected p as in the table above) and the two learning rates chosen:",
+        "",
+        "| variant | full fine-tuning | LoRA | LoRA - full | LoRA's rate / full's |",
+        "|---|---|---|---|---|",
+    ]
+    for cell, _, _ in LORA_CELLS:
+        t, full, lora = verdict.get((f"{cell} lora", cell)), by.get(cell), by.get(f"{cell} lora")
+        if t:
+            rate = rate_of(lora["flags"])
+            lines.append(
+                f"| {cell} | {fmt(full['reward'])} | {fmt(lora['reward'])} | {t['diff']:+.3f} ({t['verdict']}, "
+                f"{evidence(t)}) | {rate / rate_of(full['flags']):g}x ({rate:g}) |"
+            )
+    lines += [
+        "",
+        "Humanline's comparisons with every weight trained (the difference of the means above) and with LoRA (its "
+        "verdict and Holm-corrected p as in the table above):",
+        "",
+        "| comparison | full fine-tuning | LoRA |",
+        "|---|---|---|",
+    ]
+    for algo, other in [(a, b) for a in ("dpo", "grpo") for b in ("offline", "online")]:
+        a, b = f"{algo} offline+humanline", f"{algo} {other}"
+        t = verdict.get((f"{a} lora", f"{b} lora"))
+        if t and a in by and b in by:
+            full = np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"])
+            lines.append(f"| {a} vs {b} | {full:+.3f} | {t['diff']:+.3f} ({t['verdict']}, {evidence(t)}) |")
+    return lines
+
+
 def instance_tables(rows, main_rows):
     """The main comparisons on each toy instance: instance 0 is the committed one (the main suite's runs)."""
     rows = [
@@ -1033,6 +1070,7 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
     else:
         held_out = "the toy's 256 validation prompts" if suite == "lora_sweep" else "the toy test problems"
         lines += long_table(rows, held_out) + tests_table(significance(rows, comparisons(suite))) + time_ratios(rows)
+        lines += lora_tables(rows) if suite == "lora" else []
     if suite in ("sweep", "main"):
         lines += ["", "The settings of each variant, from its runs' args.json:", ""] + setup_table(rows)
     if suite == "sweep":  # the README's setup table (the other suites change only the learning rate and evaluation)
