@@ -230,7 +230,8 @@ def report(args, world, rows, config, details=False):
     per_process = f"{world} process{'es' * (world > 1)}, {args.precision}, micro-batches of {args.micro_batch_size}"
     kept = f"{args.save_total_limit or 'all'} kept (--save_total_limit)"
     size = checkpoint_bytes(config, args)
-    on_disk = f"{size / GIB:.1f} GiB" if size >= GIB else f"{size / 2**20:.0f} MiB"  # (the toy's: a few MiB)
+    mib = size / 2**20  # (the toy's: a few MiB; its LoRA adapters: under one)
+    on_disk = f"{size / GIB:.1f} GiB" if size >= GIB else f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.2g} MiB"
     ckpt = f"a checkpoint: {on_disk} on disk, {kept}"
     if details:
         return table(rows, per_process) + f"\n  {ckpt}"
