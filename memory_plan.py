@@ -18,7 +18,9 @@ What it counts, per process (W processes, P parameters, FSDP2 shards the fp32 st
 - generation (online runs; evaluation): the whole policy gathered once for the call, the KV cache of the largest
   generate call (--generation_batch_size sequences of --max_prompt_length + --max_new_tokens) and its fp32
   next-token logits, beside the sharded states (gradients are freed by then);
-- a reward model, replicated on every process in --precision, and its forward on --reward_batch_size sequences.
+- a reward model, replicated on every process in --precision, and its forward on --reward_batch_size sequences;
+- with --lora_r: the frozen base in --precision (its only copy), the adapters' fp32 weights, gradients and AdamW
+  moments (their count from the model built on the meta device), checkpointed layer inputs in the base's dtype.
 The peak is the largest of the training, generation and scoring phases, plus what all keep (sharded states, the
 reward model's weights), plus 1 GiB for the CUDA
 context on a GPU. It is an estimate: the tests hold it within 20% of peaks measured on a CPU.
