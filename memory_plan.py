@@ -244,9 +244,9 @@ def report(args, world, rows, config, details=False):
 def checkpoint_bytes(config, args):
     """A checkpoint's files: the model in its own dtype, and the fp32 weights and AdamW's two moments of every
     process's shard (12 bytes a parameter in all); with --lora_r the adapters alone, fp32 (16 bytes a parameter)."""
-    dtype = str(getattr(config, "dtype", None) or "float32")
     if getattr(args, "lora_r", 0):
         return adapter_params(config, args) * 16
+    dtype = str(getattr(config, "dtype", None) or "float32")
     return shapes(config).params * ((2 if "16" in dtype else 4) + 12)
 
 

@@ -261,7 +261,7 @@ def load_shards(model, args, toy, rt):
 
     name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
     full = pretrained(transformers.AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
-    full = add_adapters(full, args) if full and args.lora_r else full  # the adapters process 0 draws, sent to all
+    full = add_adapters(full, args) if full is not None and args.lora_r else full  # process 0's adapters, sent to all
     outside = [k for k, _ in model.named_buffers() if k not in model.state_dict()]
     model.to_empty(device=rt.device)  # this process's shards, allocated: the file's values are copied into them
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)

@@ -24,6 +24,10 @@ def local(p):
     return p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 parameter: this process's shard
 
 
+def trained(policy):  # the parameters a sync moves: every one, or with --lora_r the adapters
+    return [p for p in policy.parameters() if p.requires_grad]
+
+
 class PolicyAsReference:
     """The reference without a second model, with the reference model's methods. Where the reference would take the
     policy's weights (a reset; a sync, before or after the update), the policy computes, then and with those weights,
@@ -66,11 +70,7 @@ class PolicyAsReference:
         t0, steps = time.time(), list(steps)
         rest = self.compute(steps)
         keep = self.wait and bool(rest)
-        self.held["weights"] = (
-            [local(p).detach().to("cpu", copy=True) for p in self.policy.parameters() if p.requires_grad]
-            if keep
-            else None
-        )
+        self.held["weights"] = [local(p).detach().to("cpu", copy=True) for p in trained(self.policy)] if keep else None
         self.held["steps"] = rest if keep else []
         if len(rest) < len(steps) or keep:
             self.seconds += time.time() - t0
@@ -94,7 +94,7 @@ def swap_weights(policy, weights):
     """Exchange the policy's trained parameters (with --lora_r its adapters) with `weights`, a tensor at a time."""
     if hasattr(policy, "reshard"):
         policy.reshard()
-    for p, w in zip([p for p in policy.parameters() if p.requires_grad], weights):
+    for p, w in zip(trained(policy), weights):
         held = local(p).to(w.device, copy=True)
         local(p).copy_(w)
         w.copy_(held)
@@ -107,8 +107,7 @@ class AdapterReference:
 
     def __init__(self, policy, token_logps, rt, frozen):
         self.policy, self.token_logps, self.rt, self.frozen = policy, token_logps, rt, frozen
-        trained = [local(p) for p in policy.parameters() if p.requires_grad]
-        self.held = None if frozen else [p.detach().clone() for p in trained]  # what a checkpoint saves
+        self.held = None if frozen else [local(p).detach().clone() for p in trained(policy)]  # a checkpoint saves it
         self.seconds = 0.0
 
     @torch.no_grad()
@@ -129,7 +128,7 @@ class AdapterReference:
     @torch.no_grad()
     def sync(self, policy, step):  # the reference's adapters <- the policy's
         t0 = time.time()
-        for r, p in zip(self.held or [], [p for p in policy.parameters() if p.requires_grad]):
+        for r, p in zip(self.held or [], trained(policy)):
             r.copy_(local(p))
         self.seconds += time.time() - t0
 

@@ -435,30 +435,6 @@ PEAK_SHAPES = {  # Llama shapes and the flags of a DPO step: ~45M parameters, 51
         ),
         dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=True),
     ),
-    "LoRA r = 64, wide MLP": (  # the frozen base, the adapters' states and the activations, without a copy of the base
-        dict(
-            vocab_size=8000,
-            hidden_size=1024,
-            intermediate_size=4096,
-            num_hidden_layers=4,
-            num_attention_heads=16,
-            num_key_value_heads=4,
-            tie_word_embeddings=False,
-        ),
-        dict(batch_size=2, micro_batch_size=2, max_length=192, gradient_checkpointing=False, lora_r=64),
-    ),
-    "LoRA r = 16, checkpointed": (
-        dict(
-            vocab_size=8000,
-            hidden_size=768,
-            intermediate_size=2048,
-            num_hidden_layers=6,
-            num_attention_heads=12,
-            num_key_value_heads=4,
-            tie_word_embeddings=False,
-        ),
-        dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=True, lora_r=16),
-    ),
     "tied, wide MLP": (
         dict(
             vocab_size=8000,
@@ -471,6 +447,12 @@ PEAK_SHAPES = {  # Llama shapes and the flags of a DPO step: ~45M parameters, 51
         ),
         dict(batch_size=2, micro_batch_size=2, max_length=192, gradient_checkpointing=False),
     ),
+}
+# two of them with LoRA adapters: the frozen base, the adapters' states and the activations, no copy of the base
+PEAK_SHAPES |= {
+    f"{name}, LoRA r = {r}": (config, flags | {"lora_r": r})
+    for name, r in (("tied, wide MLP", 64), ("GQA, checkpointed", 16))
+    for config, flags in [PEAK_SHAPES[name]]
 }
 
 
