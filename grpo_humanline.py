@@ -80,7 +80,7 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     gradient_checkpointing: bool = arg(False, "Recompute each layer in the backward (8B: on).")
     lora_r: int = arg(0, "LoRA rank: train adapters on the frozen base (0: train every weight).")
     lora_alpha: float = arg(16.0, "LoRA scale: each adapted weight is W + alpha / r x B A.")
-    lora_target_modules: str = arg("all-linear", "Layers given adapters: all-linear, or names.")
+    lora_target_modules: str = arg("all-linear", "all-linear, or names, e.g. q_proj,v_proj")
     learning_rate: float = arg(5e-6, "Peak learning rate (paper: 5e-6; math 1e-6).")
     warmup_ratio: float = arg(0.1, "Linear warmup over this fraction of the steps.")
     lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0 or hold.")
