@@ -65,7 +65,7 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     # optimisation
     max_steps: Optional[int] = arg(None, "Optimizer steps; unset: one pass (the toy: 120).")
     batch_size: int = arg(32, "Preference pairs per optimizer step, over all processes.")
-    micro_batch_size: Optional[int] = arg(None, "Pairs per forward per process; unset: all.")
+    micro_batch_size: Optional[int] = arg(None, "Pairs per forward per process; unset: all (toy), else up to 4.")
     gradient_checkpointing: bool = arg(False, "Recompute each layer in the backward (8B: on).")
     lora_r: int = arg(0, "LoRA rank: train adapters on the frozen base (0: train every weight).")
     lora_alpha: float = arg(16.0, "LoRA scale: each adapted weight is W + alpha / r x B A.")

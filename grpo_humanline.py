@@ -76,7 +76,7 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     # optimisation
     max_steps: Optional[int] = arg(None, "Optimizer steps; unset: one pass (the toy: 120).")
     batch_size: int = arg(64, "Sequences per optimizer step, over all processes.")
-    micro_batch_size: Optional[int] = arg(None, "Sequences per forward per process; unset: all.")
+    micro_batch_size: Optional[int] = arg(None, "Sequences per forward per process; unset: all (toy), else 4.")
     gradient_checkpointing: bool = arg(False, "Recompute each layer in the backward (8B: on).")
     lora_r: int = arg(0, "LoRA rank: train adapters on the frozen base (0: train every weight).")
     lora_alpha: float = arg(16.0, "LoRA scale: each adapted weight is W + alpha / r x B A.")
@@ -384,6 +384,7 @@ def main():
             (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
             (on_policy and a.kl_baseline == "reference" and "beta" in given, idle_beta),
             (a.kl_baseline == "initial" and a.beta == 0, "--kl_baseline initial acts only with --beta above 0"),
+            (on_policy and "ref_free" in given, "--ref_free: on-policy GRPO has no reference"),
         ]
 
     args = plumbing.parse_args(Args, "grpo", checks)  # a bad flag stops with one line

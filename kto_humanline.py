@@ -70,7 +70,9 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     # optimisation
     max_steps: Optional[int] = arg(None, "Optimizer steps; unset: one pass (the toy: 120).")
     batch_size: int = arg(64, "Examples per optimizer step, over all processes (a pair: two).")
-    micro_batch_size: Optional[int] = arg(None, "Examples (+ KL pairs) per forward per process.")
+    micro_batch_size: Optional[int] = arg(
+        None, "Examples (+ KL pairs) per forward per process; unset: all (toy), else up to 4."
+    )
     gradient_checkpointing: bool = arg(False, "Recompute each layer in the backward (8B: on).")
     lora_r: int = arg(0, "LoRA rank: train adapters on the frozen base (0: train every weight).")
     lora_alpha: float = arg(16.0, "LoRA scale: each adapted weight is W + alpha / r x B A.")

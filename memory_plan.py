@@ -21,9 +21,12 @@ What it counts, per process (W processes, P parameters, FSDP2 shards the fp32 st
 - a reward model, replicated on every process in --precision, and its forward on --reward_batch_size sequences;
 - with --lora_r: the frozen base in --precision (its only copy), the adapters' fp32 weights, gradients and AdamW
   moments (their count from the model built on the meta device), checkpointed layer inputs in the base's dtype.
+- with --lora_r in bf16: head_logps' fp32 copy of the frozen bf16 head (one process), and the layers' activations
+  at fp32's bytes (peft computes each adapter on an fp32 copy of its input; measured).
 The peak is the largest of the training, generation and scoring phases, plus what all keep (sharded states, the
-reward model's weights), plus 1 GiB for the CUDA
-context on a GPU. It is an estimate: the tests hold it within 20% of peaks measured on a CPU.
+reward model's weights), plus 1 GiB for the CUDA context on a GPU. It is an estimate: the tests hold it within 20%
+of peaks measured on a CPU, in fp32 and in bf16. Saving gathers the model in host memory on process 0: the plan
+states how much beside a checkpoint's size.
 """
 
 import math
@@ -74,11 +77,28 @@ def counted(config, cache={}):
             return None
         layers = [m for m in model.modules() if type(m).__name__ in (model._no_split_modules or [])]
         size = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-        head = model.get_output_embeddings()  # peft's all-linear leaves the head out
-        linears = [(n.rsplit(".", 1)[-1], m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-        linears = [(n, m.in_features + m.out_features) for n, m in linears if m is not head]
-        cache[key] = size(model), max(map(size, layers), default=0), linears
+        head, conv1d = model.get_output_embeddings(), transformers.pytorch_utils.Conv1D  # (GPT-2's linear layers)
+        linears = [(n, m) for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, conv1d))]
+        linears = [(n.rsplit(".", 1)[-1], sum(m.weight.shape)) for n, m in linears if m is not head]  # r (in + out)
+        # an adapter on these is never read by the log-prob head (the head) or merged (embeddings): not trainable
+        fixed = [n for n, m in model.named_modules() if m is head or isinstance(m, torch.nn.Embedding)]
+        learned = sum(isinstance(m, torch.nn.Embedding) for m in model.modules()) > 1  # a table of positions
+        cache[key] = size(model), max(map(size, layers), default=0), linears, fixed, learned
     return cache[key]
+
+
+def positions(config):
+    """The longest sequence a model with learned position embeddings (GPT-2, OPT) reads; None for rotary and others."""
+    built = counted(config)
+    return built and built[4] and config.get_text_config().max_position_embeddings or None
+
+
+def misfits(args, config):
+    """(stop, message) for flags the model's config rules out: a sequence past its learned positions (an IndexError
+    at step 0, not a message, if it started)."""
+    n = positions(config)
+    past = f"--max_length {args.max_length} is above the {n} positions of {args.model_name_or_path}"
+    return [(n and args.max_length > n, past)]
 
 
 def adapter_params(config, args):
@@ -91,6 +111,10 @@ def adapter_params(config, args):
         q_proj=d + q, k_proj=d + kv, v_proj=d + kv, o_proj=q + d, gate_proj=d + f, up_proj=d + f, down_proj=f + d
     )
     linears = built[2] if built else list(llama.items()) * s.layers
+    fixed = [n for n in built[3] for t in names if n == t or n.endswith("." + t)] if built else []
+    why = "an embedding's or the head's adapter is neither read by the log-prob head nor merged: name linear layers"
+    if fixed:
+        raise SystemExit(f"--lora_target_modules {args.lora_target_modules}: {', '.join(fixed)}: {why}")
     a = args.lora_r * sum(w for n, w in linears if args.lora_target_modules == "all-linear" or n in names)
     if not a and built:
         found = ", ".join(sorted({n for n, _ in linears}))
@@ -178,7 +202,7 @@ def plan(args, script, world, config=None, gpu=True):
         rows.append(("gathered: root in the head's dtype, two layers", s.root * bh + 2 * s.layer * b, "train"))
     elif bf16 and not lora:
         rows.append(("autocast's bf16 copy of the weights", s.params * 2, "train"))
-    layer_act = act_bytes(s, bf16)
+    layer_act = act_bytes(s, bf16 and not lora)  # peft casts each adapter's input to fp32: LoRA saves fp32's bytes
     if args.gradient_checkpointing:  # each layer's input (the residual stream: fp32, LoRA's in the base's dtype)
         acts, how = tokens * (s.layers * s.d * (b if lora else 4) + layer_act), ", checkpointed"
     else:
@@ -191,6 +215,8 @@ def plan(args, script, world, config=None, gpu=True):
             "train",
         )
     )
+    if lora and bf16 and head32 and W == 1:  # head_logps casts the frozen bf16 head to fp32 in each chunk's call
+        rows.append(("log-prob head: the bf16 head's fp32 copy", s.vocab * s.d * 4, "train"))
     n = (args.num_samples if hasattr(args, "num_samples") else args.num_generations) if args.online else 1
     per_process = (
         math.ceil(prompts_per_sampling(args, script) / W)
@@ -235,10 +261,15 @@ def report(args, world, rows, config, details=False):
     mib = size / 2**20  # (the toy's: a few MiB; its LoRA adapters: under one)
     on_disk = f"{size / GIB:.1f} GiB" if size >= GIB else f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.2g} MiB"
     ckpt = f"a checkpoint: {on_disk} on disk, {kept}"
+    # saving gathers the model in host (CPU) memory on process 0: every checkpoint in fp32, or with --lora_r the
+    # final merged export in the base's dtype (merged a weight at a time, each cast as it is written)
+    host = shapes(config).params * (2 if getattr(args, "lora_r", 0) and args.precision == "bf16" else 4)
+    when = "the final merged model" if getattr(args, "lora_r", 0) else "each checkpoint"
+    saving = f"saving {when} takes {host / GIB:.1f} GiB of host memory on process 0"
     if details:
-        return table(rows, per_process) + f"\n  {ckpt}"
+        return table(rows, per_process) + f"\n  {ckpt}; {saving}"
     summary = f"memory plan: {peak(rows) / GIB:.2f} GiB per process at the peak ({per_process}; --plan_only: details)"
-    return f"{summary}; {ckpt}"
+    return f"{summary}; {ckpt}" + f"; {saving}" * (host > peak(rows))
 
 
 def checkpoint_bytes(config, args):

@@ -132,6 +132,14 @@ def parse_args(Args, name, checks):
     lora = "--lora_alpha and --lora_target_modules act only with --lora_r"
     fail(not args.lora_r and given & {"lora_alpha", "lora_target_modules"}, lora)
     fail(args.offline and given & {"temperature", "top_p"}, "--temperature and --top_p act only with --online")
+    rounds = sorted(given & {"round_size", "num_samples", "reward_threshold"} if hasattr(args, "num_samples") else [])
+    fail(
+        args.offline and rounds, f"--{', --'.join(rounds)}: online sampling's, idle offline (add --online)"
+    )  # DPO, KTO
+    scores = args.eval_prompts != "none" or args.online and not hasattr(args, "reward_funcs")  # GRPO: reward funcs
+    idle = "--reward_model acts only with --eval_prompts (DPO's and KTO's also --online): here it scores nothing"
+    fail("reward_model" in given and not scores, idle)
+    misused += memory_plan.misfits(args, config)  # what the model's config rules out
     for bad, message in misused + checks(args, given):  # (--plan_only plans a run: it need not be ready to start)
         fail(bad, message)
     mode = ("online" if args.online else "offline") + ("-pairs" if getattr(args, "pairs_from_samples", False) else "")
@@ -244,7 +252,10 @@ def add_adapters(model, args):
 
     modules = args.lora_target_modules
     names = modules if modules == "all-linear" else modules.split(",")
-    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=names)
+    conv1d = any(isinstance(m, transformers.pytorch_utils.Conv1D) for m in model.modules())  # GPT-2's hold W^T
+    config = peft.LoraConfig(
+        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=names, fan_in_fan_out=conv1d
+    )
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         torch.manual_seed(stream_seed(args.seed, "init"))
         warnings.simplefilter("ignore", FutureWarning)  # peft 0.21 asks for an attribute transformers 5.24 renamed
@@ -785,16 +796,24 @@ class Session:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=not merged)
         full, model = get_model_state_dict(self.policy, options=options), self.policy
+        # in the model's own dtype (bf16 for most), not training's fp32; adapters stay fp32
+        dtype = None if self.args.lora_r and not merged else getattr(self.policy, "export_dtype", None)
         if self.rt.rank == 0 and merged:
             for name, m in [(n, m) for n, m in model.named_modules() if "default" in getattr(m, "lora_A", {})]:
                 a, b = (full.pop(f"{name}.lora_{x}.default.weight").float() for x in "AB")
                 delta, w = m.scaling["default"] * b @ a, f"{name}.base_layer.weight"
-                full[w] = full[w].float() + (delta.T if m.fan_in_fan_out else delta)  # (GPT-2's Conv1D: W^T)
+                merged_w = full[w].float() + (delta.T if m.fan_in_fan_out else delta)  # (GPT-2's Conv1D: W^T)
+                full[w] = merged_w.to(dtype)  # cast at once: one weight in fp32 at a time, not the model
             full = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in full.items()}
             model = model.get_base_model()
-        if self.rt.rank == 0:  # in the model's own dtype (bf16 for most), not training's fp32; adapters stay fp32
-            dtype = None if self.args.lora_r and not merged else getattr(self.policy, "export_dtype", None)
-            model.save_pretrained(directory, state_dict={k: v.to(dtype or v.dtype) for k, v in full.items()})
+        if self.rt.rank == 0:
+            for k in full:  # tensor by tensor, each fp32 one freed as its copy is made
+                full[k] = full[k].to(dtype or full[k].dtype)
+            model.save_pretrained(directory, state_dict=full)
+            if dtype is not None:  # the config names the dtype written (save_pretrained names the model's: fp32)
+                kept, model.config.dtype = model.config.dtype, str(dtype).removeprefix("torch.")
+                model.config.save_pretrained(directory)
+                model.config.dtype = kept
             self.tokenizer.save_pretrained(directory)
         self.barrier()
 

@@ -205,6 +205,7 @@ def misused(args):
         online = "--reward_funcs " + (args.reward_funcs or ("toy" if args.pairs_from_samples else "toy_verify"))
     bring = f"(the toy task's) with --model_name_or_path {args.model_name_or_path}: give your own"
     return [
+        (toy(args.dataset), f"--dataset {args.dataset} {bring} data to train on"),
         (evaluates and toy(args.eval_prompts), f"--eval_prompts {args.eval_prompts} {bring} held-out prompts, or none"),
         (evaluates and toy(args.reward_model), f"--reward_model {args.reward_model} {bring} evaluation scorer"),
         (args.online and any(map(toy, online.split()[1].split(","))), f"{online} {bring} reward to train on"),

@@ -213,7 +213,9 @@ def peak(shape_json, out):
     torch.manual_seed(0)
     config, flags = LlamaConfig(**shape["config"], pad_token_id=0, eos_token_id=1), shape["flags"]
     with tempfile.TemporaryDirectory() as tmp:
-        LlamaForCausalLM(config).save_pretrained(os.path.join(tmp, "model"))
+        # saved in the dtype the run loads it in (a LoRA base in --precision), as a real model's file would be
+        loads_in = torch.bfloat16 if flags.get("lora_r") and flags["precision"] == "bf16" else torch.float32
+        LlamaForCausalLM(config).to(loads_in).save_pretrained(os.path.join(tmp, "model"))
         AutoTokenizer.from_pretrained(os.path.join(ROOT, "toy", "model")).save_pretrained(os.path.join(tmp, "model"))
         pairs_file(os.path.join(tmp, "pairs.jsonl"), flags["batch_size"], 16, flags["max_length"] - 16)
         seen = {}

@@ -598,13 +598,10 @@ BASE = [
     "0",
     "--num_eval_prompts",
     "8",
-    "--round_size",
-    "32",
-    "--num_samples",
-    "4",
     "--save_every",
     "0",
 ]
+ROUNDS = ["--round_size", "32", "--num_samples", "4"]  # online sampling's (offline they stop the run)
 ENV = {
     k: v
     for k, v in os.environ.items()
@@ -645,6 +642,7 @@ def launch(extra, out, nproc=1):
         *launcher,
         "dpo_humanline.py",
         *BASE,
+        *ROUNDS * ("--online" in extra),
         "--micro_batch_size",
         str(4 // nproc),
         *extra,

@@ -123,6 +123,7 @@ def test_each_script_trains_a_model_of_another_family(script, family, nproc, sav
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     flags = ["--humanline", "--max_steps", "2", "--batch_size", "8", "--micro_batch_size", "2"]
     flags += ["--eval_prompts", "none", "--save_every", "0", "--max_length", "64", "--max_prompt_length", "24"]
+    flags += ["--dataset", "toy/offline_strong.jsonl"]  # the toy's pairs as a file: another model's data is named
     proc = warm.run(
         [*(launch if nproc > 1 else [sys.executable]), script, "--model_name_or_path", str(saved(family)), *flags]
         + ["--output_dir", str(tmp_path / "run")],

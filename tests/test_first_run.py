@@ -16,6 +16,7 @@ import contextlib
 import io
 import math
 import os
+import subprocess
 import sys
 from types import SimpleNamespace
 from unittest import mock
@@ -69,17 +70,26 @@ def test_a_model_other_than_the_toys_stops_on_the_toy_tasks_defaults(algo, flags
     assert message.startswith(flag) and f"with --model_name_or_path {model_dir}: give your own" in message
 
 
+@pytest.mark.parametrize("algo", ["dpo", "kto", "grpo"])
+def test_a_model_other_than_the_toys_does_not_train_on_the_toys_data_unless_given_its_own(algo, model_dir):
+    mine = ["--model_name_or_path", model_dir, "--eval_prompts", "none"]
+    bring = f"(the toy task's) with --model_name_or_path {model_dir}: give your own data to train on"
+    assert stop(algo, mine) == f"--dataset toy {bring}"  # --dataset unset: the toy's pairs, never silently
+    assert stop(algo, [*mine, "--dataset", "toy:weak"]) == f"--dataset toy:weak {bring}"
+    assert parsed(algo, [*mine, "--dataset", "me/data"]).dataset == "me/data"
+
+
 def test_the_toy_task_with_the_toy_or_a_copy_of_it_and_a_real_model_with_its_own_scorer_start(model_dir, tmp_path, toy):
     copy = tmp_path / "toy-copy"  # an instance of the toy task (experiments/run.py trains such copies)
     AutoConfig.from_pretrained(os.path.join(ROOT, "toy", "model")).save_pretrained(copy)
     assert parsed("dpo", ["--online"]).reward_model == "toy"
     assert parsed("dpo", ["--model_name_or_path", str(copy), "--online"]).online
-    mine = ["--eval_prompts", "none", "--online", "--reward_model", "my_rewards:score"]
+    mine = ["--eval_prompts", "none", "--online", "--reward_model", "my_rewards:score", "--dataset", "me/prompts"]
     assert parsed("dpo", ["--model_name_or_path", model_dir, *mine]).online
 
 
 def test_an_unset_micro_batch_is_4_for_another_model_and_the_whole_share_for_the_toy(model_dir):
-    real = ["--model_name_or_path", model_dir, "--eval_prompts", "none"]
+    real = ["--model_name_or_path", model_dir, "--eval_prompts", "none", "--dataset", "me/data"]
     assert parsed("dpo", []).micro_batch_size == 32  # the toy: one forward per step, as its figures were run
     assert parsed("dpo", [], world=2).micro_batch_size == 16
     assert parsed("dpo", real).micro_batch_size == 4
@@ -94,6 +104,7 @@ def test_the_readmes_own_model_command_plans_a_few_sequences_a_forward_not_the_w
     micro-batch was the whole batch (203 GiB of it activations), 54 GiB with 4 pairs a forward."""
     printed = io.StringIO()
     flags = ["--model_name_or_path", "Qwen/Qwen2.5-1.5B-Instruct", "--eval_prompts", "none", "--humanline"]
+    flags += ["--dataset", "me/data"]
     flags += ["--precision", "bf16"]  # as on the GPU
     args = parsed("dpo", flags, printed=printed)
     assert args.micro_batch_size == 4 and "micro-batches of 4" in printed.getvalue()
@@ -109,7 +120,7 @@ def test_the_readmes_own_model_command_plans_a_few_sequences_a_forward_not_the_w
 OFF_POLICY_8B = (  # the issue's example: 188.9 GiB per process, 160 of it the KV cache of 512 sequences at once
     "--online --sample_every 64 --humanline --sync_every 16 --max_new_tokens 2048 --max_length 2560 "
     "--micro_batch_size 8 --gradient_checkpointing --precision bf16 --eval_prompts none --reward_funcs accuracy "
-    "--model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct"
+    "--model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct --dataset simplescaling/openaimath"
 ).split()
 
 
@@ -136,9 +147,65 @@ def test_a_gpu_run_whose_plan_does_not_fit_stops_with_the_table_and_the_flags_th
         assert parsed("grpo", [*OFF_POLICY_8B, "--ignore_memory_plan"], world=8).ignore_memory_plan
         assert parsed("grpo", [*OFF_POLICY_8B, "--generation_batch_size", "64"], world=8).precision == "bf16"
     with gpu(24):  # training's share is the largest there: the flags that lower it
-        message = stop("dpo", ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B-Instruct", "--eval_prompts", "none"])
+        eight_b = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B-Instruct", "--dataset", "me/data"]
+        message = stop("dpo", [*eight_b, "--eval_prompts", "none"])
     assert "(most in train): lower --micro_batch_size, --max_length, --gradient_checkpointing" in message
     assert parsed("grpo", OFF_POLICY_8B, world=8).online  # no GPU: nothing to hold the plan against, no stop
+
+
+def test_the_plan_is_held_against_the_devices_own_memory_with_loras_head_copy_counted():
+    """Plans between a small device's size and 80 GiB stop on the small device; a plan above 80 GiB starts on a
+    larger one. The one-GPU LoRA run at the default micro-batch of 4 plans above 24 GiB: the bf16 head's fp32 copy
+    (128,256 x 4,096 x 4 B) and the adapters' fp32 activations are counted."""
+    lora = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B-Instruct", "--dataset", "me/data"]
+    lora += ["--eval_prompts", "none", "--humanline", "--lora_r", "16", "--gradient_checkpointing"]
+    with gpu(24):
+        message = stop("dpo", lora)  # micro-batches of 4
+        assert parsed("dpo", [*lora, "--micro_batch_size", "1"]).lora_r == 16  # the documented one-GPU run
+    assert message.startswith("memory plan: 2") and "above this GPU's 24.0 GiB (most in train)" in message
+    between = float(message.split()[2])
+    assert 24 < between < 80
+    with mock.patch.object(memory_plan, "read_config", local_config):
+        args = parsed("dpo", [*lora, "--precision", "bf16"])  # as on the GPU
+        copy = [r for r in memory_plan.plan(args, "dpo", 1) if "head's fp32 copy" in r[0]]
+    assert copy == [("log-prob head: the bf16 head's fp32 copy", 128_256 * 4_096 * 4, "train")]
+    large = [*OFF_POLICY_8B, "--generation_batch_size", "256"]
+    with mock.patch.object(memory_plan, "read_config", local_config):
+        above_80 = memory_plan.peak(memory_plan.plan(parsed("grpo", large, world=8), "grpo", 8)) / GIB
+    assert 80 < above_80 < 141
+    with gpu(141):  # an H200: the plan fits it
+        assert parsed("grpo", large, world=8).online
+    with gpu(80):
+        assert stop("grpo", large, world=8).startswith(f"memory plan: {above_80:.1f} GiB")
+
+
+@pytest.mark.parametrize(
+    "algo, flags, message",
+    [
+        ("dpo", ["--num_samples", "4"], "--num_samples: online sampling's, idle offline (add --online)"),
+        ("kto", ["--round_size", "64", "--reward_threshold", "0.1"], "--reward_threshold, --round_size: online"),
+        ("dpo", ["--reward_model", "toy_verify", "--eval_prompts", "none"], "--reward_model acts only with"),
+        ("grpo", ["--online", "--ref_free", "off"], "--ref_free: on-policy GRPO has no reference"),
+    ],
+    ids=["dpo-num-samples", "kto-round", "reward-model-scores-nothing", "grpo-on-policy-ref-free"],
+)
+def test_flags_that_would_start_and_do_nothing_stop_with_one_line(algo, flags, message):
+    assert stop(algo, flags).startswith(message)
+
+
+def test_the_same_flags_where_they_act_start():
+    assert parsed("dpo", ["--online", "--num_samples", "4", "--round_size", "64"]).num_samples == 4
+    assert parsed("kto", ["--online", "--reward_model", "toy_verify", "--eval_prompts", "none"]).online
+    assert parsed("grpo", ["--reward_model", "toy_verify"]).reward_model == "toy_verify"  # it evaluates
+    assert parsed("grpo", ["--online", "--humanline", "--ref_free", "off"]).ref_free == "off"  # synced: a reference
+    assert parsed("grpo", ["--online", "--sample_every", "2", "--ref_free", "off"]).ref_free == "off"
+
+
+@pytest.mark.parametrize("script", ["dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py"])
+def test_micro_batch_sizes_help_says_what_unset_gives_a_real_model(script):
+    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    text = " ".join(out.split("\n  --micro_batch_size", 1)[1].split("--gradient_checkpointing")[0].split())
+    assert "unset: all (toy)," in text and "4" in text
 
 
 def plan_only(argv, world=1):
@@ -177,7 +244,7 @@ def test_a_checkpoint_is_the_model_in_its_dtype_and_12_bytes_a_parameter_of_trai
     params += c.hidden_size  # the final norm
     full = SimpleNamespace(lora_r=0)
     assert memory_plan.checkpoint_bytes(config, full) == params * (2 + 12)  # bf16 model files; fp32 weights + AdamW
-    real = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B-Instruct", "--eval_prompts", "none"]
+    real = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B-Instruct", "--eval_prompts", "none", "--dataset", "d"]
     assert (parsed("dpo", real).save_total_limit, parsed("dpo", []).save_total_limit) == (2, 0)  # the toy's: all
 
 

@@ -403,7 +403,9 @@ def test_checkpoints_are_written_in_the_models_dtype_rotated_and_the_final_model
     with safe_open(out / "model.safetensors", "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     assert os.path.samefile(out / "model.safetensors", out / "checkpoint-3" / "model.safetensors")  # one write
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # as written, not training's fp32
     trained = AutoModelForCausalLM.from_pretrained(out)
+    assert trained.dtype == torch.bfloat16  # loads in the dtype it was written in: half fp32's memory
     assert any(
         not torch.equal(a, b)
         for a, b in zip(trained.parameters(), AutoModelForCausalLM.from_pretrained(bf16).parameters())
@@ -456,13 +458,15 @@ PEAK_SHAPES |= {
 }
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("name", sorted(PEAK_SHAPES))
-def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, tmp_path):
-    """Two fp32 DPO steps on a CPU, in a fresh process: the peak resident memory above what the process held before
+def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, precision, tmp_path):
+    """Two DPO steps on a CPU, in a fresh process: the peak resident memory above what the process held before
     the model was built, against the plan's training phase (weights, gradients, AdamW, activations, head). glibc's
-    malloc keeps a fixed mmap threshold, so that freed tensors leave the resident set as they would leave a GPU."""
+    malloc keeps a fixed mmap threshold, so that freed tensors leave the resident set as they would leave a GPU.
+    bf16 is the GPU's dtype chain: autocast over fp32 weights, or with LoRA a bf16 base (and its head's fp32 copy)."""
     config, flags = PEAK_SHAPES[name]
-    shape = json.dumps({"config": config, "flags": {**flags, "precision": "fp32"}})
+    shape = json.dumps({"config": config, "flags": {**flags, "precision": precision}})
     proc = warm.run(
         [sys.executable, HELPER, "peak", shape, str(tmp_path / "out.json")],
         cwd=ROOT,

@@ -271,13 +271,10 @@ SMALL = [
     "0",
     "--num_eval_prompts",
     "16",
-    "--round_size",
-    "16",
-    "--num_samples",
-    "4",
     "--save_every",
     "0",
 ]
+ROUNDS = ["--round_size", "16", "--num_samples", "4"]  # online sampling's (offline they stop the run)
 MODES = {
     "offline": [],
     "offline-humanline": ["--humanline"],
@@ -311,7 +308,10 @@ def run_all(jobs, root):
 @pytest.fixture(scope="module")
 def mode_runs(toy, tmp_path_factory):
     return run_all(
-        {name: [sys.executable, "kto_humanline.py", *SMALL, *flags] for name, flags in MODES.items()},
+        {
+            name: [sys.executable, "kto_humanline.py", *SMALL, *ROUNDS * ("--online" in f), *f]
+            for name, f in MODES.items()
+        },
         tmp_path_factory.mktemp("kto_modes"),
     )
 

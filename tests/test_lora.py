@@ -5,6 +5,7 @@ train as one; checkpoints hold the adapters and resume exactly; the run ends wit
 alone, each loaded by its own library; bad flags stop with one line."""
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import torch
 import warm
 from safetensors.torch import load_file
 from test_performance import ENV, assert_same_training, records, run_in_process, steps
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import dpo_humanline
 import memory_plan
@@ -121,8 +122,13 @@ def test_a_sync_copies_the_adapters_and_nothing_else(toy, monkeypatch):
             ["--lora_r", "8", "--lora_target_modules", "q_proj,norm"],
             "--lora_target_modules q_proj,norm: Target module Llama",
         ),
+        (
+            ["--lora_r", "8", "--lora_target_modules", "q_proj,embed_tokens"],
+            "--lora_target_modules q_proj,embed_tokens: model.embed_tokens: an embedding's or the head's adapter",
+        ),
+        (["--lora_r", "8", "--lora_target_modules", "q_proj,lm_head"], "--lora_target_modules q_proj,lm_head: lm_head"),
     ],
-    ids=["negative-rank", "zero-alpha", "alpha-alone", "no-such-modules", "a-norm-among-them"],
+    ids=["negative-rank", "zero-alpha", "alpha-alone", "no-such-modules", "a-norm-among-them", "embeddings", "head"],
 )
 def test_bad_lora_flags_stop_with_one_line(flags, says, tmp_path):
     cmd = [sys.executable, "dpo_humanline.py", "--max_steps", "1", "--output_dir", str(tmp_path / "run"), *flags]
@@ -229,10 +235,9 @@ def test_the_run_ends_with_the_merged_model_and_the_adapter_each_loaded_by_its_l
     [
         ("kto_humanline.py", ["--humanline"]),
         ("grpo_humanline.py", ["--humanline"]),
-        ("grpo_humanline.py", ["--online", "--beta", "0.1", "--kl_baseline", "initial", "--num_generations", "4"]),
         ("grpo_humanline.py", ["--online", "--humanline", "--sample_every", "3", "--num_generations", "4"]),
     ],
-    ids=["kto", "grpo", "grpo-kl-to-the-initial-model", "grpo-off-policy"],
+    ids=["kto", "grpo", "grpo-off-policy"],
 )
 def test_kto_and_grpo_with_adapters_read_the_base_once_and_their_references_agree(script, flags, tmp_path):
     argv = [*BASE, *flags, "--max_steps", "5"]
@@ -240,3 +245,77 @@ def test_kto_and_grpo_with_adapters_read_the_base_once_and_their_references_agre
     adapter, loads_adapter = run_in_process(script, [*argv, "--ref_free", "off"], tmp_path / "adapter")
     assert loads_free == loads_adapter == 1
     assert_same_training(free, adapter, 5)
+
+
+def test_grpos_kl_to_the_initial_model_reads_the_base_with_the_adapters_disabled(tmp_path):
+    """On-policy GRPO with --kl_baseline initial: the KL is to the base (the adapters disabled, no second copy), so it
+    grows as the adapters train; read with the live adapters it would be the policy's own, 0, and --beta idle."""
+    flags = [*BASE, "--online", "--beta", "0.1", "--kl_baseline", "initial", "--num_generations", "4"]
+    flags += ["--learning_rate", "2e-3", "--max_steps", "5"]
+    records, loads = run_in_process("grpo_humanline.py", flags, tmp_path / "run")
+    kls = [r["kl"] for r in steps(records)]
+    assert loads == 1 and kls[0] == pytest.approx(0, abs=1e-7)  # step 1: the adapters are still 0 (B = 0)
+    assert min(kls[2:]) > 1e-4, kls
+
+
+def bf16_copy(toy, where):
+    """The toy model in bf16, with its tokenizer: a bf16 base, as most real models are (a copy of the toy's task)."""
+    AutoModelForCausalLM.from_pretrained(toy.model, dtype=torch.bfloat16).save_pretrained(where)
+    AutoTokenizer.from_pretrained(toy.model).save_pretrained(where)
+    return str(where)
+
+
+def test_a_bf16_base_merges_in_fp32_and_exports_in_bf16_with_a_config_that_says_so(tmp_path, toy):
+    """W + alpha / r B A is summed in fp32 and rounded once to the base's bf16 (adding a bf16-rounded delta to a bf16
+    weight rounds twice); the export's config names bf16, so from_pretrained loads what was written."""
+    base_dir, out = bf16_copy(toy, tmp_path / "base"), tmp_path / "run"
+    flags = [*BASE, "--humanline", "--max_steps", "3", "--precision", "bf16", "--learning_rate", "2e-3"]
+    run_in_process("dpo_humanline.py", ["--model_name_or_path", base_dir, *flags], out)
+    merged, base = load_file(out / "model.safetensors"), load_file(os.path.join(base_dir, "model.safetensors"))
+    adapter = load_file(out / "adapter" / "adapter_model.safetensors")
+    assert {v.dtype for v in merged.values()} == {torch.bfloat16}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+    layers = sorted(k.removesuffix(".lora_A.weight") for k in adapter if k.endswith(".lora_A.weight"))
+    rounded_twice = 0
+    for layer in layers:
+        a, b = adapter[f"{layer}.lora_A.weight"], adapter[f"{layer}.lora_B.weight"]
+        delta, w = 16 / 8 * b @ a, layer.removeprefix("base_model.model.") + ".weight"  # alpha / r = 16 / 8
+        assert torch.equal(merged[w], (base[w].float() + delta).bfloat16()), w
+        rounded_twice += not torch.equal(merged[w], base[w] + delta.bfloat16())
+    assert len(layers) == 21 and rounded_twice  # 7 linears x 3 layers; the test tells the two sums apart
+
+
+@pytest.fixture
+def gpt2(tmp_path, toy):
+    """A random GPT-2 (Conv1D layers, learned positions) with the toy's tokenizer and vocabulary."""
+    config = GPT2Config(vocab_size=17, n_positions=64, n_embd=64, n_layer=2, n_head=4, pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    AutoTokenizer.from_pretrained(toy.model).save_pretrained(tmp_path / "gpt2")
+    return str(tmp_path / "gpt2")
+
+
+def test_lora_on_gpt2s_conv1d_layers_trains_merges_and_reloads_as_the_adapter(gpt2, tmp_path):
+    args, _ = lora_args(model_name_or_path=gpt2)  # all-linear: c_attn, c_proj, c_fc, c_proj per layer (not the head)
+    c = memory_plan.read_config(gpt2, args)
+    assert memory_plan.adapter_params(c, args) == 8 * 2 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))
+    out = tmp_path / "run"
+    lengths = ["--max_length", "48", "--max_prompt_length", "16", "--learning_rate", "2e-3"]
+    run_in_process("dpo_humanline.py", ["--model_name_or_path", gpt2, *BASE, *lengths, "--max_steps", "3"], out)
+    ids = torch.tensor([[3, 5, 7, 9, 11, 13, 4, 6]])
+    with torch.no_grad():
+        untrained = AutoModelForCausalLM.from_pretrained(gpt2)(ids).logits
+        adapted = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(gpt2), out / "adapter")
+        adapted, ours = adapted(ids).logits, AutoModelForCausalLM.from_pretrained(out)(ids).logits
+    assert (ours - untrained).abs().max() > 1e-3  # trained
+    assert torch.allclose(ours, adapted, atol=1e-5)  # the Conv1D merge is W + (alpha / r B A)^T
+
+
+def test_max_length_above_learned_positions_stops_at_start_up(gpt2, tmp_path):
+    cmd = [sys.executable, "dpo_humanline.py", "--model_name_or_path", gpt2, "--output_dir", str(tmp_path / "run")]
+    proc = warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)  # --max_length 1024
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"--max_length 1024 is above the 64 positions of {gpt2}"
+    toy = dpo_humanline.Args(max_length=1024)  # the toy's 64 positions are rotary: no table to run past
+    assert memory_plan.positions(memory_plan.read_config("toy", toy)) is None
