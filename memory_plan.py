@@ -261,15 +261,19 @@ def report(args, world, rows, config, details=False):
     mib = size / 2**20  # (the toy's: a few MiB; its LoRA adapters: under one)
     on_disk = f"{size / GIB:.1f} GiB" if size >= GIB else f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.2g} MiB"
     ckpt = f"a checkpoint: {on_disk} on disk, {kept}"
-    # saving gathers the model in host (CPU) memory on process 0: every checkpoint in fp32, or with --lora_r the
-    # final merged export in the base's dtype (merged a weight at a time, each cast as it is written)
-    host = shapes(config).params * (2 if getattr(args, "lora_r", 0) and args.precision == "bf16" else 4)
+    host = saving_bytes(config, args)
     when = "the final merged model" if getattr(args, "lora_r", 0) else "each checkpoint"
     saving = f"saving {when} takes {host / GIB:.1f} GiB of host memory on process 0"
     if details:
         return table(rows, per_process) + f"\n  {ckpt}; {saving}"
     summary = f"memory plan: {peak(rows) / GIB:.2f} GiB per process at the peak ({per_process}; --plan_only: details)"
     return f"{summary}; {ckpt}" + f"; {saving}" * (host > peak(rows))
+
+
+def saving_bytes(config, args):
+    """The host (CPU) memory process 0 gathers the model in to save it: every checkpoint in fp32, or with --lora_r the
+    final merged model in the base's dtype (merged a weight at a time, each cast before the next)."""
+    return shapes(config).params * (2 if getattr(args, "lora_r", 0) and args.precision == "bf16" else 4)
 
 
 def checkpoint_bytes(config, args):

@@ -132,10 +132,9 @@ def parse_args(Args, name, checks):
     lora = "--lora_alpha and --lora_target_modules act only with --lora_r"
     fail(not args.lora_r and given & {"lora_alpha", "lora_target_modules"}, lora)
     fail(args.offline and given & {"temperature", "top_p"}, "--temperature and --top_p act only with --online")
-    rounds = sorted(given & {"round_size", "num_samples", "reward_threshold"} if hasattr(args, "num_samples") else [])
-    fail(
-        args.offline and rounds, f"--{', --'.join(rounds)}: online sampling's, idle offline (add --online)"
-    )  # DPO, KTO
+    rounds = sorted(given & {"round_size", "num_samples", "reward_threshold"}) if hasattr(args, "num_samples") else []
+    idle_rounds = f"--{', --'.join(rounds)}: online sampling's, idle offline (add --online)"  # DPO's, KTO's flags
+    fail(args.offline and rounds, idle_rounds)
     scores = args.eval_prompts != "none" or args.online and not hasattr(args, "reward_funcs")  # GRPO: reward funcs
     idle = "--reward_model acts only with --eval_prompts (DPO's and KTO's also --online): here it scores nothing"
     fail("reward_model" in given and not scores, idle)

@@ -238,11 +238,21 @@ def peak(shape_json, out):
             "gradient_checkpointing"
         ]
         argv += ["--lora_r", str(flags["lora_r"])] if flags.get("lora_r") else []
-        run_main(argv, load_model=load, optimizer_step=update)
+        finish = plumbing.Session.finish
+
+        def export(session):  # the final save (with --lora_r the merged model): its peak above what the run held
+            reset_peak()
+            before = rss()[0]
+            finish(session)
+            seen["export"] = rss()[1] - before
+
+        with mock.patch.object(plumbing.Session, "finish", export):
+            run_main(argv, load_model=load, optimizer_step=update)
     rows = memory_plan.plan(seen["args"], "dpo", 1, config=config, gpu=False)
     train = sum(v for _, v, p in rows if p in ("train", "both"))
     with open(out, "w") as f:
-        json.dump({"measured": seen["peak"] - seen["before"], "planned": train, "rows": rows}, f)
+        measured = dict(measured=seen["peak"] - seen["before"], export=seen["export"])
+        json.dump(measured | dict(planned=train, rows=rows, saving=memory_plan.saving_bytes(config, seen["args"])), f)
 
 
 if __name__ == "__main__":

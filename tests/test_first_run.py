@@ -228,6 +228,11 @@ def test_plan_only_plans_the_gpu_run_in_bf16_and_says_so_with_a_checkpoints_size
     lines = plan_only(flags, world=8)  # the README's example, on a machine without a GPU
     assert lines[0].startswith("memory plan per process (8 processes, bf16, micro-batches of 4)")
     assert "31.3" in lines[-2] and "a checkpoint: 104.7 GiB on disk, 2 kept" in lines[-1]
+    assert lines[-1].endswith("; saving each checkpoint takes 29.9 GiB of host memory on process 0")  # fp32, gathered
+    lora = plan_only(
+        [*flags, "--lora_r", "16", "--micro_batch_size", "1"]
+    )  # the merged model, in the bf16 base's dtype
+    assert lora[-1].endswith("; saving the final merged model takes 15.0 GiB of host memory on process 0")
     fp32 = plan_only([*flags, "--precision", "fp32"], world=8)
     assert fp32[0].startswith("memory plan per process (8 processes, fp32") and "46.49" in fp32[-2]
 

@@ -478,6 +478,8 @@ def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, precisi
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads((tmp_path / "out.json").read_text())
     assert got["planned"] == pytest.approx(got["measured"], rel=0.2), got
+    if flags.get("lora_r"):  # the merged export casts a weight at a time: merged in fp32 all at once, then cast, it
+        assert got["export"] <= 2 * got["saving"], got  # took 2.5x the plan's figure (the model in the base's dtype)
 
 
 @pytest.mark.parametrize(
