@@ -8,7 +8,8 @@ What it counts, per process (W processes, P parameters, FSDP2 shards the fp32 st
   initial policy), the policy's fp32 gradient (kept sharded across micro-batches) and AdamW's two moments;
 - gathered weights: FSDP2 gathers a decoder layer at a time (this one and the next, prefetched) in --precision and
   keeps the root (embeddings, final norm, head) gathered in the head's dtype; one process instead holds one copy,
-  plus autocast's bf16 copy of every weight when computing in bf16;
+  plus autocast's bf16 copy of every weight when computing in bf16 (with --gradient_checkpointing of one layer:
+  autocast's cache ends with the forward, and each layer's recompute casts its weights again);
 - activations of the longest micro-batch (its sequences x --max_length tokens): every decoder layer's saved
   tensors, or with --gradient_checkpointing each layer's input plus one layer's recompute. The bytes per token and
   layer are measured (tests/test_gpu_path.py): fp32 24d + 16f + 8q + 8kv, bf16 26d + 8f + 4q + 4kv, for hidden
@@ -200,8 +201,10 @@ def plan(args, script, world, config=None, gpu=True):
         ]
     if W > 1:
         rows.append(("gathered: root in the head's dtype, two layers", s.root * bh + 2 * s.layer * b, "train"))
-    elif bf16 and not lora:
+    elif bf16 and not lora and not args.gradient_checkpointing:  # cached by autocast, saved for the backward
         rows.append(("autocast's bf16 copy of the weights", s.params * 2, "train"))
+    elif bf16 and not lora:  # checkpointed: each layer is cast again in its recompute, freed after its backward
+        rows.append(("autocast's bf16 copy of one layer (recomputed)", s.layer * 2, "train"))
     layer_act = act_bytes(s, bf16 and not lora)  # peft casts each adapter's input to fp32: LoRA saves fp32's bytes
     if args.gradient_checkpointing:  # each layer's input (the residual stream: fp32, LoRA's in the base's dtype)
         acts, how = tokens * (s.layers * s.d * (b if lora else 4) + layer_act), ", checkpointed"
