@@ -274,6 +274,7 @@ def test_a_bf16_base_merges_in_fp32_and_exports_in_bf16_with_a_config_that_says_
     merged, base = load_file(out / "model.safetensors"), load_file(os.path.join(base_dir, "model.safetensors"))
     adapter = load_file(out / "adapter" / "adapter_model.safetensors")
     assert {v.dtype for v in merged.values()} == {torch.bfloat16}
+    assert merged.keys() == base.keys()  # the tied head written once, as the base writes it, not as a second tensor
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
     layers = sorted(k.removesuffix(".lora_A.weight") for k in adapter if k.endswith(".lora_A.weight"))
@@ -284,6 +285,16 @@ def test_a_bf16_base_merges_in_fp32_and_exports_in_bf16_with_a_config_that_says_
         assert torch.equal(merged[w], (base[w].float() + delta).bfloat16()), w
         rounded_twice += not torch.equal(merged[w], base[w] + delta.bfloat16())
     assert len(layers) == 21 and rounded_twice  # 7 linears x 3 layers; the test tells the two sums apart
+
+
+def test_a_fp32_model_trained_on_a_bf16_base_exports_fp32_with_its_tied_head_once(tmp_path, toy):
+    """The toy's file is fp32 and its head is tied: trained with adapters on its bf16 copy (--precision bf16), the
+    merged model is written in the file's fp32, the tied head once (cast separately, it was a second tensor)."""
+    out = tmp_path / "run"
+    run_in_process("dpo_humanline.py", [*BASE, "--humanline", "--max_steps", "2", "--precision", "bf16"], out)
+    merged, base = load_file(out / "model.safetensors"), load_file(os.path.join(toy.model, "model.safetensors"))
+    assert merged.keys() == base.keys() and {v.dtype for v in merged.values()} == {torch.float32}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
 
 
 @pytest.fixture
