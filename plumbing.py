@@ -524,8 +524,9 @@ def generate(model, tokenizer, prompts, n, args, greedy, seed):
     template's end of turn too); one cut at --max_new_tokens has none. Returns (completions, whether each finished)."""
     model.eval()
     units = [m for m in model.modules() if hasattr(m, "set_reshard_after_forward")]  # FSDP2's shard groups
-    for m in units:
+    for m in units:  # gathered for the whole call, here: peft's generate enters the model below the root's forward
         m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
     torch.manual_seed(seed)
     ends = [tokenizer.eos_token_id]
     if tokenizer.chat_template:  # e.g. <|eot_id|>: the first token after an assistant message

@@ -177,6 +177,29 @@ def test_two_processes_with_adapters_train_as_one_and_print_no_warning(tmp_path)
         assert_same_training(one, records(tmp_path / ref), 5, rel=1e-4, abs_=1e-6)
 
 
+def test_two_processes_with_adapters_evaluate_and_sample_as_one(tmp_path):
+    """Generation under FSDP2 with adapters: peft's generate enters the model below the root's forward, so the root's
+    shards (the embeddings) must be gathered for the call, not by its forward hook (a DTensor error at step 0 once).
+    Greedy evaluations on two processes equal one process's; online sampling runs."""
+    evaluated = [*BASE, "--humanline", "--max_steps", "3", "--eval_prompts", "toy", "--num_eval_prompts", "8"]
+    evaluated += ["--eval_every", "0"]
+    one, _ = run_in_process("dpo_humanline.py", evaluated, tmp_path / "one")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    online = [*BASE, "--online", "--num_generations", "4", "--max_steps", "2", "--output_dir", str(tmp_path / "grpo")]
+    for argv in (
+        ["dpo_humanline.py", *evaluated, "--output_dir", str(tmp_path / "two")],
+        ["grpo_humanline.py", *online],
+    ):
+        proc = warm.run([*cmd, *argv], cwd=ROOT, env=ENV, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    two = records(tmp_path / "two")
+    assert [r["eval/reward"] for r in two if "eval/reward" in r] == [
+        r["eval/reward"] for r in one if "eval/reward" in r
+    ]
+    assert_same_training(one, two, 3, rel=1e-4, abs_=1e-6)
+    assert [r["step"] for r in records(tmp_path / "grpo") if "online/reward" in r] == [0, 1]
+
+
 def test_two_processes_in_bf16_shard_a_bf16_base_beside_fp32_adapters(tmp_path):
     """The GPU's dtype chain, forced on the CPU: FSDP2 groups that hold the frozen bf16 base and the fp32 adapters,
     gathered in bf16; the adapters and AdamW's moments stay fp32 and the loss stays near fp32's."""
