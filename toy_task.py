@@ -198,7 +198,7 @@ def verify(prompts, completions, **columns) -> list[float]:
 
 def misused(args):
     """(stop, message) for what would evaluate or train a model other than the toy's on this task by default: its
-    prompts, its reward (the scripts' defaults)."""
+    data, its prompts, its reward (the scripts' defaults)."""
     toy = lambda v: v.split(":")[0] in ("toy", "toy_verify")  # noqa: E731  (the built-in data and scorers)
     evaluates, online = args.eval_prompts != "none", f"--reward_model {args.reward_model}"
     if hasattr(args, "reward_funcs"):  # GRPO trains online on its reward funcs (unset: the toy's, as it fills them)
