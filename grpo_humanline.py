@@ -511,7 +511,7 @@ def main():
                 ref_logps = reference.logps(state.step, micro, inputs) if reference else None
                 base_logps = base.logps(state.step, micro, inputs) if base is not None else None
                 policy_logps = token_logps(policy, *inputs, *head)
-            if on_policy:  # the sampler is the policy: its own log-probs, detached
+            if on_policy:
                 ref_logps = policy_logps.detach()
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
             # ALGO LOGIC: the ratio's denominator: the reference (frozen offline, synced under

@@ -55,7 +55,7 @@ def shapes(config):
     params = layers * layer + root
     built = counted(config)
     if built:
-        params, layer = built[:2]
+        params, layer = built.params, built.layer
         root = params - layers * layer
     return SimpleNamespace(
         d=d, f=f, q=q, kv=kv, layers=layers, vocab=c.vocab_size, layer=layer, root=root, params=params, tied=tied
@@ -63,8 +63,10 @@ def shapes(config):
 
 
 def counted(config, cache={}):
-    """(all parameters, the largest decoder layer's) of the causal LM a config builds, on the meta device (no
-    memory, about a second at 8B); None for a config transformers cannot build alone (remote code, a reward model)."""
+    """What the plan reads of the causal LM a config builds, on the meta device (no memory, about a second at 8B):
+    its parameters, its largest decoder layer's, its linear layers (name, in + out), the modules an adapter cannot
+    train (embeddings, the head) and whether it has learned positions; None for a config transformers cannot build
+    alone (remote code, a reward model)."""
     import torch
     import transformers
 
@@ -84,14 +86,15 @@ def counted(config, cache={}):
         # an adapter on these is never read by the log-prob head (the head) or merged (embeddings): not trainable
         fixed = [n for n, m in model.named_modules() if m is head or isinstance(m, torch.nn.Embedding)]
         learned = sum(isinstance(m, torch.nn.Embedding) for m in model.modules()) > 1  # a table of positions
-        cache[key] = size(model), max(map(size, layers), default=0), linears, fixed, learned
+        params, layer = size(model), max(map(size, layers), default=0)
+        cache[key] = SimpleNamespace(params=params, layer=layer, linears=linears, fixed=fixed, learned=learned)
     return cache[key]
 
 
 def positions(config):
     """The longest sequence a model with learned position embeddings (GPT-2, OPT) reads; None for rotary and others."""
     built = counted(config)
-    return built and built[4] and config.get_text_config().max_position_embeddings or None
+    return built and built.learned and config.get_text_config().max_position_embeddings or None
 
 
 def misfits(args, config):
@@ -111,8 +114,8 @@ def adapter_params(config, args):
     llama = dict(
         q_proj=d + q, k_proj=d + kv, v_proj=d + kv, o_proj=q + d, gate_proj=d + f, up_proj=d + f, down_proj=f + d
     )
-    linears = built[2] if built else list(llama.items()) * s.layers
-    fixed = [n for n in built[3] for t in names if n == t or n.endswith("." + t)] if built else []
+    linears = built.linears if built else list(llama.items()) * s.layers
+    fixed = [n for n in built.fixed for t in names if n == t or n.endswith("." + t)] if built else []
     why = "an embedding's or the head's adapter is neither read by the log-prob head nor merged: name linear layers"
     if fixed:
         raise SystemExit(f"--lora_target_modules {args.lora_target_modules}: {', '.join(fixed)}: {why}")

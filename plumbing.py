@@ -807,9 +807,11 @@ class Session:
             full = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in full.items()}
             model = model.get_base_model()
         if self.rt.rank == 0:
-            cast = {}  # tensor by tensor, each fp32 one freed as its copy is made; a tied pair stays one tensor
+            cast = {}  # tensor by tensor, each fp32 one freed as its copy replaces it; a tied pair stays one tensor
             for k, v in full.items():
-                full[k] = cast.setdefault(v.data_ptr(), v.to(dtype or v.dtype))
+                if (v.data_ptr(), v.shape) not in cast:
+                    cast[v.data_ptr(), v.shape] = v.to(dtype or v.dtype)
+                full[k] = cast[v.data_ptr(), v.shape]
             model.save_pretrained(directory, state_dict=full)
             if dtype is not None:  # the config names the dtype written (save_pretrained names the model's: fp32)
                 kept, model.config.dtype = model.config.dtype, str(dtype).removeprefix("torch.")

@@ -166,17 +166,16 @@ def baseline(model=MODEL_DIR, max_new_tokens=48):
     import dpo_humanline
     import plumbing
 
+    args = dpo_humanline.Args(model_name_or_path=model, eval_prompts="none", max_new_tokens=max_new_tokens)
+    args.reward_model, args.precision = "experiments.smollm2:reward", "fp32"
+    rt = dpo_humanline.setup(args)
+    tokenizer, _ = plumbing.load_tokenizer(args)
+    policy = dpo_humanline.load_model(args, None, rt)
+    scorers = [("reward", 1.0, plumbing.make_scorer(args.reward_model, args, rt))]
     found = {}
     for split in ("valid", "test"):
-        args = dpo_humanline.Args(model_name_or_path=model, eval_prompts=os.path.join(DATA_DIR, f"{split}.jsonl"))
-        args.reward_model, args.max_new_tokens, args.precision = "experiments.smollm2:reward", max_new_tokens, "fp32"
-        args.num_eval_prompts = SPLITS[split]
-        rt = dpo_humanline.setup(args)
-        tokenizer, toy = plumbing.load_tokenizer(args)
-        rows = plumbing.load_data(args, "eval", tokenizer, toy, rt)
-        policy = found.get("policy") or dpo_humanline.load_model(args, toy, rt)
-        found["policy"] = policy
-        scorers = [("reward", 1.0, plumbing.make_scorer(args.reward_model, args, rt))]
+        args.eval_prompts, args.num_eval_prompts = os.path.join(DATA_DIR, f"{split}.jsonl"), SPLITS[split]
+        rows = plumbing.load_data(args, "eval", tokenizer, None, rt)
         groups, record = plumbing.sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")
         by_kind = {}
         for row, _, _, (score,) in groups:
@@ -185,7 +184,6 @@ def baseline(model=MODEL_DIR, max_new_tokens=48):
         success, cut = round(record["eval/reward"], 4), record["eval/truncated_completions"]
         found[split] = {"success": success, "prompts": len(rows), "by_constraint": by_kind, "cut": cut}
         print(f"{split}: success {success:.3f} over {len(rows)} prompts; by constraint {by_kind}; {cut} cut")
-    del found["policy"]
     with open(os.path.join(DATA_DIR, "baseline.json"), "w") as f:
         json.dump(found | {"max_new_tokens": max_new_tokens, "decoding": "greedy"}, f, indent=2)
 

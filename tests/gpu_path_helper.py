@@ -251,8 +251,9 @@ def peak(shape_json, out):
     rows = memory_plan.plan(seen["args"], "dpo", 1, config=config, gpu=False)
     train = sum(v for _, v, p in rows if p in ("train", "both"))
     with open(out, "w") as f:
-        measured = dict(measured=seen["peak"] - seen["before"], export=seen["export"])
-        json.dump(measured | dict(planned=train, rows=rows, saving=memory_plan.saving_bytes(config, seen["args"])), f)
+        saving = memory_plan.saving_bytes(config, seen["args"])
+        result = dict(measured=seen["peak"] - seen["before"], planned=train, rows=rows)
+        json.dump(result | dict(export=seen["export"], saving=saving), f)
 
 
 if __name__ == "__main__":

@@ -297,7 +297,7 @@ def test_a_bf16_base_merges_in_fp32_and_exports_in_bf16_with_a_config_that_says_
     merged, base = load_file(out / "model.safetensors"), load_file(os.path.join(base_dir, "model.safetensors"))
     adapter = load_file(out / "adapter" / "adapter_model.safetensors")
     assert {v.dtype for v in merged.values()} == {torch.bfloat16}
-    assert merged.keys() == base.keys()  # the tied head written once, as the base writes it, not as a second tensor
+    assert merged.keys() == base.keys()  # the base's names: no peft names left
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
     layers = sorted(k.removesuffix(".lora_A.weight") for k in adapter if k.endswith(".lora_A.weight"))
