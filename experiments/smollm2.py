@@ -5,6 +5,7 @@ constraints, for the experiments.
     python experiments/smollm2.py prompts    # rewrites experiments/smollm2/{train,valid,test}.jsonl (seeded)
     python experiments/smollm2.py baseline   # the starting model's success on the held-out prompts (2 minutes)
     python experiments/smollm2.py pairs      # rewrites experiments/smollm2/pairs.jsonl, the offline data (40 min)
+    python experiments/smollm2.py memory     # the memory plan against the measured peak on its shape (10 min)
 
 The offline data is what a user would have: `pairs` samples 4 completions of each of the first 1,024 training
 prompts from the starting model (temperature 0.7, top-p 0.95, at most 48 new tokens, the scripts' own generation) and
@@ -220,9 +221,42 @@ def make_pairs(model=MODEL_DIR, n_prompts=1024, samples=4, max_new_tokens=48, se
             f.write(json.dumps(row) + "\n")
 
 
+# the model's shape (its config.json): memory depends on it, not on the weights' values
+SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9)
+SHAPE |= dict(num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)
+
+
+def memory(out=os.path.join(DATA_DIR, "memory.md")):
+    """The memory plan's training phase against the measured peak of two humanline DPO steps (micro-batches of 4
+    pairs of 128 tokens) on this model's shape with random weights, through tests/gpu_path_helper.py's `peak` (the
+    peak resident memory above the process's own before the load, glibc told to give freed blocks back): every
+    weight and LoRA adapters (rank 16), fp32 and bf16, with and without gradient checkpointing."""
+    lines = ["| weights | precision | checkpointing | planned GiB | measured GiB | measured / planned |"]
+    lines += ["|---|---|---|---|---|---|"]
+    helper = os.path.join(ROOT, "tests", "gpu_path_helper.py")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+    for lora in (0, 16):
+        for checkpointing in (False, True):
+            for precision in ("fp32", "bf16"):
+                flags = dict(batch_size=4, micro_batch_size=4, max_length=128, lora_r=lora, precision=precision)
+                shape = json.dumps(dict(config=SHAPE, flags=flags | dict(gradient_checkpointing=checkpointing)))
+                with tempfile.TemporaryDirectory() as tmp:
+                    subprocess.run([sys.executable, helper, "peak", shape, f"{tmp}/out.json"], env=env, check=True)
+                    got = json.load(open(f"{tmp}/out.json"))
+                planned, measured = got["planned"] / 2**30, got["measured"] / 2**30
+                kind = f"LoRA r {lora}" if lora else "every weight"
+                lines.append(
+                    f"| {kind} | {precision} | {'yes' if checkpointing else 'no'} | {planned:.2f} | {measured:.2f} "
+                    f"| {measured / planned:.2f} |"
+                )
+                print(lines[-1], flush=True)
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["model", "prompts", "baseline", "pairs"], help="what to make (above)")
+    parser.add_argument("command", choices=["model", "prompts", "baseline", "pairs", "memory"], help="what to make")
     args = parser.parse_args()
     if args.command == "model":
         make_model()
@@ -230,6 +264,8 @@ def main():
         make_prompts()
     elif args.command == "pairs":
         make_pairs()
+    elif args.command == "memory":
+        memory()
     else:
         baseline()
 
