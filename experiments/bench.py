@@ -72,6 +72,29 @@ SCRIPTS = {"dpo": "dpo_humanline.py", "kto": "kto_humanline.py", "grpo": "grpo_h
 # --batch_size per model and algorithm (one micro-batch per step): 64 sequences a step on the toy model (DPO: 32 pairs,
 # KTO: 32 examples + 32 KL pairs, GRPO: 32 groups of two), 16 on the 30M model
 BATCH = {"toy": {"dpo": 32, "kto": 32, "grpo": 64}, "30m": {"dpo": 8, "kto": 8, "grpo": 16}}
+# the real model (`python experiments/smollm2.py model`) trains on its task's offline pairs, 4 a step (8 sequences of
+# at most 98 tokens, as experiments/run.py's smollm2 suites do); the toy's data is for the toy's tokenizer
+SMOLLM2 = ".cache/SmolLM2-135M-Instruct"
+SMOLLM2_DATA = ["--dataset", "experiments/smollm2/pairs.jsonl", "--max_length", "128", "--max_prompt_length", "64"]
+BATCH["smollm2"] = {"dpo": 4, "kto": 8, "grpo": 16}  # GRPO: two groups of 8
+
+
+def smollm2_flags(flags):
+    """The real model's data for a run with these flags: its pairs offline; online its training prompts, its reward
+    (experiments/smollm2.py) and completions of at most 48 tokens."""
+    if "--online" not in flags:
+        return SMOLLM2_DATA
+    online = ["--dataset", "experiments/smollm2/train.jsonl", "--reward_funcs", "experiments.smollm2:reward"]
+    return SMOLLM2_DATA[2:] + online + ["--max_new_tokens", "48"]
+
+
+def model_path(model):
+    """--models' name -> the folder the runs load."""
+    if model == "smollm2" and not os.path.exists(os.path.join(ROOT, SMOLLM2)):
+        raise SystemExit("the real model is not made yet: python experiments/smollm2.py model")
+    return {"toy": "toy", "smollm2": SMOLLM2}.get(model) or random_llama(os.path.join(ROOT, ".cache", "bench"))
+
+
 OFFLINE = [
     ("offline", ["--offline", "--ref_free", "off"]),
     ("offline, ref-free", ["--offline"]),
@@ -322,11 +345,10 @@ def trl_worker(opts):
     toy = toy_task.load()
     path = toy.model if opts.model_path == "toy" else opts.model_path
     tok = AutoTokenizer.from_pretrained(path)
-    with open(toy.offline["strong"]) as f:
+    args = m.Args(dataset=SMOLLM2_DATA[1], max_length=128, max_prompt_length=64) if path == SMOLLM2 else m.Args()
+    with open(toy.offline["strong"] if path != SMOLLM2 else args.dataset) as f:
         rows = [json.loads(line) for line in f]
-    ours = [
-        (p, c, r) for p, (c, r), _ in plumbing.load_data(m.Args(), "preferences", tok, toy, argparse.Namespace(rank=0))
-    ]
+    ours = [(p, c, r) for p, (c, r), _ in plumbing.load_data(args, "preferences", tok, toy, argparse.Namespace(rank=0))]
     order = [i for s in range(opts.steps) for i in m.offline_batch(list(range(len(rows))), s, opts.batch, 0)]
     dataset = datasets.Dataset.from_list([{k: rows[i][k] for k in ("prompt", "chosen", "rejected")} for i in order])
     config = DPOConfig(**trainer_options(opts, device), **TRL_SETTINGS, **json.loads(opts.trl_options))
@@ -394,6 +416,7 @@ def trl_grpo_worker(opts):
     hands it our run's completions instead (the training step alone), after checking that the prompts it asks for
     are ours in our order and that its tokenisation of them is ours. Prints {steps, cpu, peak_gib, same_tokens}."""
     import datasets
+    import smollm2
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -409,10 +432,14 @@ def trl_grpo_worker(opts):
     with open(opts.samples) as f:
         groups = [json.loads(line) for line in f]
     n = TRL_GRPO_SETTINGS["num_generations"]
-    dataset = datasets.Dataset.from_list([{"prompt": g["prompt"]} for g in groups[: opts.batch // n * opts.steps]])
+    columns = ("prompt", "constraint")  # the real model's reward reads each prompt's constraint
+    rows = [{k: g[k] for k in columns if k in g} for g in groups[: opts.batch // n * opts.steps]]
+    dataset = datasets.Dataset.from_list(rows)
     options = json.loads(opts.trl_options)
     ours = options.pop("our_completions", False)
-    config = GRPOConfig(**trainer_options(opts, device), **TRL_GRPO_SETTINGS, **options)
+    if opts.model_path == SMOLLM2:
+        options["max_completion_length"] = 48
+    config = GRPOConfig(**trainer_options(opts, device), **(TRL_GRPO_SETTINGS | options))
     timing, Timer = step_timer(device)
     fed, same = [], []
 
@@ -425,7 +452,9 @@ def trl_grpo_worker(opts):
         completions = [c for g in mine for c in g["completions"]]
         return {"prompt_ids": theirs, "completion_ids": completions, "logprobs": None}
 
-    def verify(prompts, completions, **_):
+    def verify(prompts, completions, **kw):
+        if opts.model_path == SMOLLM2:
+            return smollm2.reward(prompts, completions, **kw)
         return toy_task.verify(prompts, completions)
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"  # rollout_func is marked experimental
@@ -457,7 +486,14 @@ def record_samples(path, argv):
         groups, record = sample_and_score(*a, **kw)
         if kw.get("prefix", "online") == "online":
             kept.extend(
-                {"prompt": r["prompt"], "prompt_ids": p, "completions": cs} for r, p, cs, s in groups if None not in s
+                {
+                    "prompt": r["prompt"],
+                    "prompt_ids": p,
+                    "completions": cs,
+                    **{k: r[k] for k in ("constraint",) if k in r},
+                }
+                for r, p, cs, s in groups
+                if None not in s
             )
         return groups, record
 
@@ -476,8 +512,10 @@ def grpo_side_by_side(opts, device, workdir):
     on-policy runs record their completions: TRL's runs take their prompts (and, training alone, the completions)
     from the one without checkpointing."""
     model = opts.models[0]
-    path = "toy" if model == "toy" else random_llama(os.path.join(ROOT, ".cache", "bench"))
-    batch, configs = 64, GRPO_SIDE_BY_SIDE + GRPO_TRAINING_ALONE
+    path = model_path(model)
+    batch, configs = BATCH.get(model, {}).get("grpo", 64), GRPO_SIDE_BY_SIDE + GRPO_TRAINING_ALONE
+    if model == "smollm2":  # sampling 64 steps ahead would be 1,024 of its completions: the off-policy row is left out
+        configs = [(name, flags) for name, flags in configs if "--sample_every" not in flags]
     runs, memory = {name: [] for name, _ in configs}, {name: [] for name, _ in configs}
     same_completions = []
     for rep in range(opts.repeats):
@@ -508,7 +546,7 @@ def grpo_side_by_side(opts, device, workdir):
             same_completions.append(a.read() == b.read())
     memory = {name: max(m) for name, m in memory.items()}
     rows = compare(
-        {name: runs[name] for name, _ in GRPO_SIDE_BY_SIDE},
+        {name: runs[name] for name, _ in GRPO_SIDE_BY_SIDE if name in runs},
         memory,
         "TRL: GRPO defaults",
         "TRL: GRPO, no checkpointing",
@@ -528,7 +566,7 @@ def side_by_side(opts, device, workdir):
     0 and at each sync, count), and each ratio to TRL is taken within one repeat: its median and range over the
     repeats are reported. Peak memory from a separate 3-step run of each (see the docstring)."""
     model = opts.models[0]
-    path = "toy" if model == "toy" else random_llama(os.path.join(ROOT, ".cache", "bench"))
+    path = model_path(model)
     batch = BATCH[model]["dpo"]
     runs = {name: [] for name, _ in SIDE_BY_SIDE}
     for rep in range(opts.repeats):
@@ -702,6 +740,7 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
             out,
             *flags,
         ]
+        + (smollm2_flags(flags) if model_path == SMOLLM2 else [])
     )
     import resource
 
@@ -734,8 +773,8 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
 def bench(opts, device, workdir):
     rows = []
     for model in opts.models:
-        model_path = "toy" if model == "toy" else random_llama(os.path.join(ROOT, ".cache", "bench"))
-        base = run_worker("baseline", "dpo", model_path, 1, 1, device, memory=device == "cpu")
+        path = model_path(model)
+        base = run_worker("baseline", "dpo", path, 1, 1, device, memory=device == "cpu")
         rows.append(
             {
                 "device": device,
@@ -758,18 +797,18 @@ def bench(opts, device, workdir):
                         flush=True,
                     )
                     r = (
-                        run_worker("floor", algo, model_path, batch, opts.steps, device)
+                        run_worker("floor", algo, path, batch, opts.steps, device)
                         if flags is None
-                        else run_script(algo, model_path, flags, batch, opts.steps, device, workdir)
+                        else run_script(algo, path, flags, batch, opts.steps, device, workdir)
                     )
                     results.setdefault(name, []).append(r)
             memory = {}  # on CPU a separate pass, glibc returning freed memory at once (its timings would suffer)
             for name, flags in configs if device == "cpu" else []:
                 print(f"[{device} {model} {algo}] {name} (memory)", file=sys.stderr, flush=True)
                 memory[name] = (
-                    run_worker("floor", algo, model_path, batch, 3, device, memory=True)
+                    run_worker("floor", algo, path, batch, 3, device, memory=True)
                     if flags is None
-                    else run_script(algo, model_path, flags, batch, 3, device, workdir, memory=True)
+                    else run_script(algo, path, flags, batch, 3, device, workdir, memory=True)
                 )
             floor = results["floor"][0]
             tokens, params = statistics.median(floor["tokens"][1:] or floor["tokens"]), floor["params"]
@@ -924,7 +963,7 @@ def targets(rows):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="toy,30m", help="Comma-separated: toy, 30m.")
+    p.add_argument("--models", default="toy,30m", help="Comma-separated: toy, 30m, smollm2 (the real model).")
     p.add_argument("--algos", default="dpo,kto,grpo")
     p.add_argument("--steps", type=int, default=5, help="Optimizer steps per configuration, all timed.")
     p.add_argument(

@@ -4,6 +4,8 @@ held against, and when a target is called met, missed or not decided."""
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
 import bench  # noqa: E402
 
@@ -84,3 +86,19 @@ def test_the_documented_side_by_side_rows_are_the_committed_runs():
     doc = open(os.path.join(root, "docs", "benchmarks.md")).read().splitlines()
     rows = [line for line in doc if line.startswith(("| ours:", "| TRL:"))]
     assert len(rows) >= 20 and [r for r in rows if r not in tables] == []
+
+
+def test_the_real_model_trains_on_its_own_tasks_data_and_stops_in_one_line_when_not_made(tmp_path, monkeypatch):
+    """--models smollm2: its offline pairs, or online its training prompts, reward and 48-token completions (the
+    toy's digit data is for the toy's tokenizer); without its folder, a line that says how to make it."""
+    offline = bench.smollm2_flags(["--offline", "--humanline"])
+    assert offline[offline.index("--dataset") + 1] == "experiments/smollm2/pairs.jsonl"
+    online = bench.smollm2_flags(["--online"])
+    assert online[online.index("--dataset") + 1] == "experiments/smollm2/train.jsonl"
+    assert online[online.index("--reward_funcs") + 1] == "experiments.smollm2:reward"
+    assert online[online.index("--max_new_tokens") + 1] == "48" and "--max_length" in online
+    for flags in (offline, online):
+        assert all(os.path.exists(os.path.join(bench.ROOT, v)) for v in flags if v.startswith("experiments/"))
+    monkeypatch.setattr(bench, "ROOT", str(tmp_path))
+    with pytest.raises(SystemExit, match=r"^the real model is not made yet: python experiments/smollm2.py model$"):
+        bench.model_path("smollm2")
