@@ -1,13 +1,16 @@
-"""docs/your-trainer.md: every code block of the page, read out of it and run as it stands, on the toy model.
+"""docs/your-trainer.md: every code block of the page, read out of it and run as it stands, alone (a namespace with
+only the user's objects and the page's functions it says it uses), on the toy model.
 
 - the clamp equals the scripts' (dpo_loss with its bounds) and a clamped token's gradient is exactly 0;
-- the plain loop trains the toy and syncs after clipping, before each k-th update; the loop without a reference
-  model gives its losses step by step;
-- the callback, on TRL's DPOTrainer and GRPOTrainer with k = 1 and 2: after each k-th update the reference holds
-  the policy's weights from before that update (compared exactly), and between syncs it is untouched; each step of
-  TRL's DPO loss equals dpo_loss on the same batch, policy and reference;
+- the plain loop trains the toy and syncs after clipping, before each k-th update, with dropout off in both models;
+  the loop without a reference model gives its losses step by step;
+- the callback, on TRL's DPOTrainer and GRPOTrainer with k = 1 and 2, with a second model and with LoRA (TRL's "ref"
+  adapter): after each k-th update the reference holds the policy's weights from before that update (compared
+  exactly), and between syncs it is untouched; each step of TRL's DPO loss equals dpo_loss on the same batch, policy
+  and reference; where a sync cannot work (a peft_config, no reference, precomputed log-probs, DeepSpeed) it stops;
 - the page's clamp for TRL's DPO, put in place of the two lines the page names in the installed TRL's source, makes
-  each step's loss dpo_loss with the clamp, while tokens are clamped.
+  each step's loss dpo_loss with the clamp, while tokens are clamped;
+- every block imports what it uses.
 """
 
 import copy
@@ -43,17 +46,27 @@ def block(marker):
     return found[0]
 
 
+def uses(marker):
+    """The page's functions and classes that a block says it uses (its first line, `# uses a and b (above)`), each
+    made by its own block run alone."""
+    found = re.match(r"# uses (.+) \(above\)\n", block(marker))
+    names = [n for n in re.findall(r"\w+", found.group(1)) if n != "and"] if found else []
+    return {n: alone(f"{'class' if n[0].isupper() else 'def'} {n}")[n] for n in names}
+
+
+def namespace(marker, **names):
+    """A fresh namespace for the block `marker`: the user's `names` and what the block says it uses, nothing else
+    (not the page's earlier blocks): a block copied alone runs as it does here."""
+    return dict(names) | uses(marker)
+
+
 def run(marker, ns):
     exec(compile(block(marker), PAGE, "exec"), ns)
     return ns
 
 
-def page(**names):
-    """The page's definitions (the clamp, token_logps and the loss, the callback) beside the user's `names`."""
-    ns = dict(names)
-    for marker in ("def humanline_clamp", "def humanline_dpo_loss", "class HumanlineSync"):
-        run(marker, ns)
-    return ns
+def alone(marker, **names):
+    return run(marker, namespace(marker, **names))
 
 
 def weights(model):
@@ -64,21 +77,24 @@ def same(a, b):
     return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def ours(policy, reference, inputs, log_eps=(None, None)):
-    """This repository's dpo_loss (mean over pairs) of `policy` against `reference` (models, or (model, weights)
-    to load into a copy of it) on a batch of chosen rows then rejected rows."""
-    logps = []
-    for model in (policy, reference):
-        if isinstance(model, tuple):
-            model, snapshot = copy.deepcopy(model[0]), model[1]
-            with torch.no_grad():
-                for p, w in zip(model.parameters(), snapshot, strict=True):
-                    p.copy_(w)
+def logps_of(model, inputs):
+    """(chosen, rejected) per-token log-probs of `model`, or of (model, weights) loaded into a copy of it."""
+    if isinstance(model, tuple):
+        model, snapshot = copy.deepcopy(model[0]), model[1]
         with torch.no_grad():
-            ids, attention, mask = inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"]
-            logps.append(dpo_humanline.token_logps(model, ids, attention, mask).chunk(2))
+            for p, w in zip(model.parameters(), snapshot, strict=True):
+                p.copy_(w)
+    with torch.no_grad():
+        ids, attention, mask = inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"]
+        return dpo_humanline.token_logps(model, ids, attention, mask).chunk(2)
+
+
+def ours(policy, reference, inputs, log_eps=(None, None), ref_logps=None):
+    """This repository's dpo_loss (mean over pairs) of `policy` against `reference` (models, or (model, weights)
+    to load into a copy of it; or its log-probs, `ref_logps`) on a batch of chosen rows then rejected rows."""
+    ref_logps = ref_logps or logps_of(reference, inputs)
     masks = inputs["completion_mask"][:, 1:].float().chunk(2)
-    loss, _ = dpo_humanline.dpo_loss(*logps[0], *logps[1], *masks, BETA, *log_eps)
+    loss, _ = dpo_humanline.dpo_loss(*logps_of(policy, inputs), *ref_logps, *masks, BETA, *log_eps)
     return loss.mean().item()
 
 
@@ -100,7 +116,7 @@ def toy_model(toy):
 
 
 def test_the_clamp_is_the_scripts_and_a_clamped_token_passes_no_gradient():
-    ns = page()
+    ns = alone("def humanline_clamp") | alone("def humanline_dpo_loss")
     g = torch.Generator().manual_seed(0)
     policy = (3 * torch.randn(8, 12, generator=g)).requires_grad_()
     ref = torch.randn(8, 12, generator=g)
@@ -152,7 +168,7 @@ class Recording(torch.optim.AdamW):
 
 def plain_loop(toy, pairs, marker, k):
     policy = toy_model(toy)
-    ns = page(policy=policy, batches=plain_batches(pairs), k=k)
+    ns = namespace(marker, policy=policy, batches=plain_batches(pairs), k=k)
     ns["optimizer"] = Recording(policy.parameters(), ns, policy)
     run(marker, ns)
     return policy, ns["optimizer"].records
@@ -201,16 +217,41 @@ def trainer_options(**more):
     )
 
 
+def held(trainer):
+    """(the policy's trained weights, the reference's): every weight of the two models, or with a PEFT model and no
+    ref_model the weights of its adapter ("default") and of TRL's "ref" adapter, in the same order."""
+    if trainer.ref_model is not None:
+        return weights(trainer.model), weights(trainer.ref_model)
+    named = dict(trainer.model.named_parameters())
+    adapter = [n for n in named if ".default." in n]
+    assert adapter and all(n.replace(".default.", ".ref.") in named for n in adapter)
+    return [named[n].detach().clone() for n in adapter], [
+        named[n.replace(".default.", ".ref.")].detach().clone() for n in adapter
+    ]
+
+
+def ours_on(trainer, inputs, log_eps=(None, None)):
+    """dpo_loss of the trainer's policy against its reference: its ref_model, or TRL's "ref" adapter switched on."""
+    if trainer.ref_model is not None:
+        return ours(trainer.model, trainer.ref_model, inputs, log_eps)
+    from trl.trainer.utils import use_adapter
+
+    with use_adapter(trainer.model, adapter_name="ref"):
+        ref_logps = logps_of(trainer.model, inputs)
+    return ours(trainer.model, None, inputs, log_eps, ref_logps)
+
+
 def recorded(trainer_class, ns, marker):
     """Run the page's block `marker` with `trainer_class.compute_loss` recording, at each step, its inputs, its loss
     and the policy's and the reference's weights as the loss was computed."""
     records, compute_loss = [], trainer_class.compute_loss
 
     def recording(self, model, inputs, *args, **kwargs):
-        record = dict(policy=weights(self.model), ref=weights(self.ref_model), inputs=dict(inputs))
+        policy, ref = held(self)
+        record = dict(policy=policy, ref=ref, inputs=dict(inputs))
         if "input_ids" in inputs:  # DPO (GRPO's: prompt_ids, completion_ids): ours, on the trainer's own models
-            record["ours"] = ours(self.model, self.ref_model, inputs)
-            record["ours clamped"] = ours(self.model, self.ref_model, inputs, (-1.5, 1.5))
+            record["ours"] = ours_on(self, inputs)
+            record["ours clamped"] = ours_on(self, inputs, (-1.5, 1.5))
         out = compute_loss(self, model, inputs, *args, **kwargs)
         records.append(record | dict(loss=(out[0] if isinstance(out, tuple) else out).item()))
         return out
@@ -223,7 +264,8 @@ def recorded(trainer_class, ns, marker):
 def check_syncs(records, trainer, k):
     """Between two steps the reference takes the policy's pre-update weights on each k-th update, else keeps its
     own; the policy moves at every update."""
-    after = records[1:] + [dict(ref=weights(trainer.ref_model), policy=weights(trainer.model))]
+    policy, ref = held(trainer)
+    after = records[1:] + [dict(ref=ref, policy=policy)]
     for step, (now, then) in enumerate(zip(records, after)):
         assert not same(now["policy"], then["policy"]), f"step {step}: the policy did not train"
         if (step + 1) % k == 0:
@@ -240,40 +282,95 @@ def synced(trainer_class, ns, marker, k):
     return records
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_the_callback_syncs_trls_dpo_and_its_loss_is_dpo_loss_on_the_same_batch_and_reference(toy, pairs, k):
+def dpo_setup(toy, pairs, marker, k, **more):
     tok, rows, _ = pairs
     config = DPOConfig(**trainer_options(per_device_train_batch_size=4, beta=BETA))
-    ns = page(
-        model=toy_model(toy),
-        ref_model=toy_model(toy),
-        config=config,
-        dataset=datasets.Dataset.from_list(rows),
-        tokenizer=tok,
-        k=k,
-    )
-    records = synced(DPOTrainer, ns, "trainer = DPOTrainer(", k)
+    names = dict(model=toy_model(toy), config=config, dataset=datasets.Dataset.from_list(rows), tokenizer=tok, k=k)
+    return namespace(marker, **names, **more)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_callback_syncs_trls_dpo_and_its_loss_is_dpo_loss_on_the_same_batch_and_reference(toy, pairs, k):
+    ns = dpo_setup(toy, pairs, "trainer = DPOTrainer(model=model, ref_model", k, ref_model=toy_model(toy))
+    records = synced(DPOTrainer, ns, "trainer = DPOTrainer(model=model, ref_model", k)
     for step, r in enumerate(records):
         assert r["loss"] == pytest.approx(r["ours"], abs=1e-5), f"step {step}"
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_the_callback_syncs_trls_grpo(toy, k):
+def test_with_lora_the_callback_syncs_trls_ref_adapter_and_the_loss_is_dpo_loss_against_it(toy, pairs, k):
+    """The page's LoRA route: the model wrapped by the user, no ref_model, no peft_config; TRL's "ref" adapter holds
+    the user's adapter from before each k-th update (compared exactly), and TRL's loss is dpo_loss against it."""
+    ns = dpo_setup(toy, pairs, "get_peft_model(model", k)
+    records = synced(DPOTrainer, ns, "get_peft_model(model", k)
+    assert "ref" in ns["trainer"].model.peft_config
+    for step, r in enumerate(records):
+        assert r["loss"] == pytest.approx(r["ours"], abs=1e-5), f"step {step}"
+
+
+def grpo_setup(toy, k, wrap=False, beta=0.04):
     tok = AutoTokenizer.from_pretrained(toy.model)
     with open(toy.prompts_train) as f:
         prompts = [json.loads(line) for line in f][:16]
     config = GRPOConfig(
-        **trainer_options(per_device_train_batch_size=8, num_generations=4, max_completion_length=32, beta=0.04)
+        **trainer_options(per_device_train_batch_size=8, num_generations=4, max_completion_length=32, beta=beta)
     )
-    ns = page(
-        model=toy_model(toy),
+    model = toy_model(toy)
+    if wrap:  # as the page's LoRA block wraps it
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+    return namespace(
+        "trainer = GRPOTrainer(",
+        model=model,
         reward=toy_task.reward,  # graded: the groups' rewards differ, so every step has a gradient
         grpo_config=config,
         prompts=datasets.Dataset.from_list(prompts),
         tokenizer=tok,
         k=k,
     )
-    synced(GRPOTrainer, ns, "trainer = GRPOTrainer(", k)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("wrap", [False, True], ids=["ref_model", "lora"])
+def test_the_callback_syncs_trls_grpo(toy, k, wrap):
+    synced(GRPOTrainer, grpo_setup(toy, k, wrap), "trainer = GRPOTrainer(", k)
+
+
+def test_the_callback_stops_in_one_line_where_a_sync_cannot_work(toy, pairs):
+    """When it is made, before training: a peft_config (TRL's reference is then the base model), no reference at all
+    (GRPO with beta 0), precomputed reference log-probs, DeepSpeed (mocked: the update comes before the hook)."""
+    from peft import LoraConfig
+
+    ns = alone("class HumanlineSync")
+    tok, rows, _ = pairs
+
+    def stops(trainer, words):
+        with pytest.raises(ValueError, match=f"^HumanlineSync: {words}") as e:
+            ns["HumanlineSync"](trainer, sync_every=1)
+        assert "\n" not in str(e.value)
+
+    data = datasets.Dataset.from_list(rows)
+
+    def dpo(ref_model=None, peft_config=None, **config):
+        args = DPOConfig(**trainer_options(per_device_train_batch_size=4, beta=BETA, **config))
+        return DPOTrainer(
+            model=toy_model(toy),
+            ref_model=ref_model,
+            args=args,
+            train_dataset=data,
+            processing_class=tok,
+            peft_config=peft_config,
+        )
+
+    stops(dpo(peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")), "no reference to copy into")
+    g = grpo_setup(toy, 1, beta=0.0)  # GRPO keeps no reference at beta 0
+    names = dict(reward_funcs=g["reward"], args=g["grpo_config"], train_dataset=g["prompts"], processing_class=tok)
+    stops(GRPOTrainer(model=g["model"], **names), "no reference to copy into")
+    stops(dpo(toy_model(toy), precompute_ref_log_probs=True), "precompute_ref_log_probs=True")
+    deepspeed = dpo(toy_model(toy))
+    deepspeed.is_deepspeed_enabled = True  # what accelerate's DeepSpeed plugin sets; the engine itself is not needed
+    stops(deepspeed, "under DeepSpeed")
 
 
 # ---- the clamp in TRL's DPO -------------------------------------------------------------------------------------
@@ -303,11 +400,70 @@ def test_the_pages_clamp_in_trls_dpo_makes_its_loss_humanline_dpo(toy, pairs):
             if "norm" not in name:
                 p.mul_(1.3)
     config = DPOConfig(**trainer_options(per_device_train_batch_size=4, beta=BETA))
-    ns = page(model=toy_model(toy), ref_model=ref_model, config=config, dataset=datasets.Dataset.from_list(rows))
-    ns.update(tokenizer=tok, k=100)
+    data = datasets.Dataset.from_list(rows)
+    ns = namespace("trainer = DPOTrainer(model=model, ref_model", model=toy_model(toy), ref_model=ref_model)
+    ns.update(config=config, dataset=data, tokenizer=tok, k=100)
     with mock.patch.object(trl, "DPOTrainer", patched.DPOTrainer):
-        records, trainer = recorded(patched.DPOTrainer, ns, "trainer = DPOTrainer(")
+        records, trainer = recorded(patched.DPOTrainer, ns, "trainer = DPOTrainer(model=model, ref_model")
     assert len(records) == 4
     for step, r in enumerate(records):
         assert r["loss"] == pytest.approx(r["ours clamped"], abs=1e-5), f"step {step}"
         assert abs(r["ours clamped"] - r["ours"]) > 1e-3, f"step {step}: no token clamped, the test shows nothing"
+
+
+# ---- every block alone ------------------------------------------------------------------------------------------
+
+USER_NAMES = {"policy", "batches", "optimizer", "k", "model", "ref_model", "config", "dataset", "tokenizer"}
+USER_NAMES |= {"reward", "grpo_config", "prompts"}
+TRL_LOCALS = {"per_token_logps", "ref_per_token_logps"}  # what the lines put into TRL's method read there
+
+
+def free_names(code):
+    """The names a block reads but neither binds nor imports (nor Python provides)."""
+    import ast
+    import builtins
+    import textwrap
+
+    bound, loaded = set(), set()
+    for node in ast.walk(ast.parse(textwrap.dedent(code))):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return loaded - bound - set(dir(builtins))
+
+
+def test_every_block_imports_what_it_uses_and_names_the_pages_functions_it_needs():
+    """Copied alone, a block needs only the user's objects the page names and the functions its first line says it
+    uses (the tests above run each block in a namespace holding just those)."""
+    with open(PAGE) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(blocks) == 9
+    for code in blocks:
+        declared = re.match(r"# uses (.+) \(above\)\n", code)
+        declared = set(re.findall(r"\w+", declared.group(1))) - {"and"} if declared else set()
+        assert free_names(code) <= USER_NAMES | TRL_LOCALS | declared, code
+    assert free_names("@torch.no_grad()\ndef f(x):\n    return x\n") == {"torch"}  # what it catches
+
+
+def test_the_plain_loop_turns_dropout_off_in_both_models():
+    """A GPT-2 with dropout 0.1: after the page's set-up the policy (in training mode, as it trains) and its reference
+    agree exactly at equal weights; a reference merely put in eval mode does not (mean per-token |log-ratio| 0.055)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, bos_token_id=0, eos_token_id=0)
+    policy = GPT2LMHeadModel(config).train()  # dropout 0.1 on embeddings, attention and residuals (GPT-2's)
+    with_dropout, eval_only = copy.deepcopy(policy), copy.deepcopy(policy).eval()  # the old page's pair
+    ns = alone("def sync_reference", policy=policy, batches=[], k=1, optimizer=None)
+    ids = torch.randint(0, 100, (4, 12))
+    inputs = (ids, torch.ones_like(ids), torch.ones_like(ids))
+    with torch.no_grad():
+        logps = [dpo_humanline.token_logps(m, *inputs) for m in (ns["policy"], ns["reference"])]
+        old = [dpo_humanline.token_logps(m, *inputs) for m in (with_dropout, eval_only)]
+    assert ns["policy"].training and torch.equal(logps[0], logps[1])
+    assert (old[0] - old[1]).abs().mean() > 0.01
