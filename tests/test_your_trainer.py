@@ -4,12 +4,13 @@ only the user's objects and the page's functions it says it uses), on the toy mo
 - the clamp equals the scripts' (dpo_loss with its bounds) and a clamped token's gradient is exactly 0;
 - the plain loop trains the toy and syncs after clipping, before each k-th update, with dropout off in both models;
   the loop without a reference model gives its losses step by step;
-- the callback, on TRL's DPOTrainer and GRPOTrainer with k = 1 and 2, with a second model and with LoRA (TRL's "ref"
-  adapter): after each k-th update the reference holds the policy's weights from before that update (compared
+- the callback, on TRL's DPOTrainer, KTOTrainer and GRPOTrainer with k = 1 and 2, with a second model and (DPO, GRPO)
+  with LoRA (TRL's "ref" adapter): after each k-th update the reference holds the policy's weights from before that update (compared
   exactly), and between syncs it is untouched; each step of TRL's DPO loss equals dpo_loss on the same batch, policy
   and reference; where a sync cannot work (a peft_config, no reference, precomputed log-probs, DeepSpeed) it stops;
 - the page's clamp for TRL's DPO, put in place of the two lines the page names in the installed TRL's source, makes
-  each step's loss dpo_loss with the clamp, while tokens are clamped;
+  each step's loss dpo_loss with the clamp, while tokens are clamped; for GRPO, in place of the line that sets
+  log_ratio, grpo_loss with the clamp, and a clamped token's gradient is the KL term's alone;
 - every block imports what it uses.
 """
 
@@ -30,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
 
 import dpo_humanline
+import grpo_humanline
 import plumbing
 import toy_task
 
@@ -308,12 +310,12 @@ def test_with_lora_the_callback_syncs_trls_ref_adapter_and_the_loss_is_dpo_loss_
         assert r["loss"] == pytest.approx(r["ours"], abs=1e-5), f"step {step}"
 
 
-def grpo_setup(toy, k, wrap=False, beta=0.04):
+def grpo_setup(toy, k, wrap=False, beta=0.04, **more):
     tok = AutoTokenizer.from_pretrained(toy.model)
     with open(toy.prompts_train) as f:
         prompts = [json.loads(line) for line in f][:16]
     config = GRPOConfig(
-        **trainer_options(per_device_train_batch_size=8, num_generations=4, max_completion_length=32, beta=beta)
+        **trainer_options(per_device_train_batch_size=8, num_generations=4, max_completion_length=32, beta=beta, **more)
     )
     model = toy_model(toy)
     if wrap:  # as the page's LoRA block wraps it
@@ -376,22 +378,26 @@ def test_the_callback_stops_in_one_line_where_a_sync_cannot_work(toy, pairs):
 # ---- the clamp in TRL's DPO -------------------------------------------------------------------------------------
 
 
+def patched_module(module, lines, marker):
+    """A copy of `module` whose source has the lines matching `lines` (a regex that matches once, its first group the
+    indentation) replaced by the page's block `marker`, indented alike."""
+    with open(module.__file__) as f:
+        source = f.read()
+    assert len(re.findall(lines, source)) == 1, f"TRL's {module.__name__} changed: the page needs updating"
+    replace = lambda m: "".join(m.group(1) + line.strip() + "\n" for line in block(marker).splitlines())  # noqa: E731
+    patched = importlib.util.module_from_spec(importlib.util.spec_from_loader(module.__name__ + "_humanline", None))
+    patched.__package__ = module.__package__
+    exec(compile(re.sub(lines, replace, source), module.__file__, "exec"), patched.__dict__)
+    return patched
+
+
 def test_the_pages_clamp_in_trls_dpo_makes_its_loss_humanline_dpo(toy, pairs):
     """The page's three lines in place of the two that set chosen_logratios and rejected_logratios in the installed
     DPOTrainer._compute_loss; the reference starts far from the policy (its weights scaled), so that tokens are
     clamped, and k = 100 keeps it there for the 4 steps."""
     import trl.trainer.dpo_trainer as module
 
-    with open(module.__file__) as f:
-        source = f.read()
-    two_lines = r"(?m)^( +)chosen_logratios = .*\n\1rejected_logratios = .*\n"
-    assert len(re.findall(two_lines, source)) == 1, "TRL's DPOTrainer._compute_loss changed: the page needs updating"
-    replace = lambda m: "".join(m.group(1) + line.strip() + "\n" for line in block("token_logratios").splitlines())  # noqa: E731
-    patched = importlib.util.module_from_spec(importlib.util.spec_from_loader(module.__name__ + "_humanline", None))
-    patched.__package__ = module.__package__
-    changed, count = re.subn(two_lines, replace, source)
-    assert count == 1 and "token_logratios" in changed
-    exec(compile(changed, module.__file__, "exec"), patched.__dict__)
+    patched = patched_module(module, r"(?m)^( +)chosen_logratios = .*\n\1rejected_logratios = .*\n", "token_logratios")
 
     tok, rows, _ = pairs
     ref_model = toy_model(toy)
@@ -414,8 +420,8 @@ def test_the_pages_clamp_in_trls_dpo_makes_its_loss_humanline_dpo(toy, pairs):
 # ---- every block alone ------------------------------------------------------------------------------------------
 
 USER_NAMES = {"policy", "batches", "optimizer", "k", "model", "ref_model", "config", "dataset", "tokenizer"}
-USER_NAMES |= {"reward", "grpo_config", "prompts"}
-TRL_LOCALS = {"per_token_logps", "ref_per_token_logps"}  # what the lines put into TRL's method read there
+USER_NAMES |= {"reward", "grpo_config", "prompts", "kto_config", "unpaired"}
+TRL_LOCALS = {"per_token_logps", "ref_per_token_logps", "inputs"}  # what the lines put into TRL's method read there
 
 
 def free_names(code):
@@ -442,7 +448,7 @@ def test_every_block_imports_what_it_uses_and_names_the_pages_functions_it_needs
     uses (the tests above run each block in a namespace holding just those)."""
     with open(PAGE) as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
-    assert len(blocks) == 9
+    assert len(blocks) == 11
     for code in blocks:
         declared = re.match(r"# uses (.+) \(above\)\n", code)
         declared = set(re.findall(r"\w+", declared.group(1))) - {"and"} if declared else set()
@@ -467,3 +473,91 @@ def test_the_plain_loop_turns_dropout_off_in_both_models():
         old = [dpo_humanline.token_logps(m, *inputs) for m in (with_dropout, eval_only)]
     assert ns["policy"].training and torch.equal(logps[0], logps[1])
     assert (old[0] - old[1]).abs().mean() > 0.01
+
+
+def test_the_pages_clamp_in_trls_grpo_makes_its_loss_grpo_loss_with_humanline(toy):
+    """The page's line in place of the one that sets log_ratio in the installed GRPOTrainer._compute_loss; the reference
+    starts far from the policy (its weights scaled, after TRL made it) and k = 100 keeps it there. Each step's loss is
+    grpo_loss with the clamp (our log-probs of TRL's completions, its advantages, the step's token count), and a
+    clamped token's gradient is the KL term's alone."""
+    import trl.trainer.grpo_trainer as module
+
+    patched = patched_module(
+        module, r"(?m)^( +)log_ratio = per_token_logps - old_per_token_logps\n", "log_ratio = (per_token"
+    )
+    ns = grpo_setup(toy, 100, use_bias_correction_kl=False)  # as the page says
+    beta, records = ns["grpo_config"].beta, []
+    real_train, real_loss = patched.GRPOTrainer.train, patched.GRPOTrainer._compute_loss
+
+    def train(self, *a, **kw):
+        with torch.no_grad():
+            for name, p in self.ref_model.named_parameters():
+                if "norm" not in name:
+                    p.mul_(1.3)
+        return real_train(self, *a, **kw)
+
+    def completion_logps(model, inputs):
+        prompt, completion = inputs["prompt_mask"], inputs["completion_mask"]
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        mask = torch.cat([torch.zeros_like(prompt), completion], 1)
+        with torch.no_grad():
+            return dpo_humanline.token_logps(model, ids, torch.cat([prompt, completion], 1), mask)[
+                :, -completion.size(1) :
+            ]
+
+    def ours(policy, ref, inputs):
+        mask, n = inputs["completion_mask"].float(), inputs["num_items_in_batch"]
+        return grpo_humanline.grpo_loss(policy, ref, ref, mask, inputs["advantages"], 0.2, beta, -1.5, 1.5, n)[0]
+
+    def recording(self, model, inputs):
+        policy, ref = completion_logps(self.model, inputs), completion_logps(self.ref_model, inputs)
+        out = real_loss(self, model, inputs)
+        records.append(
+            dict(loss=out.item(), ours=ours(policy, ref, inputs).item(), policy=policy, ref=ref, inputs=inputs)
+        )
+        return out
+
+    with (
+        mock.patch.object(trl, "GRPOTrainer", patched.GRPOTrainer),
+        mock.patch.object(patched.GRPOTrainer, "train", train),
+        mock.patch.object(patched.GRPOTrainer, "_compute_loss", recording),
+    ):
+        run("trainer = GRPOTrainer(", ns)
+    assert len(records) == 4
+    for step, r in enumerate(records):
+        assert r["loss"] == pytest.approx(r["ours"], abs=1e-5), f"step {step}"
+    r, trainer = records[-1], ns["trainer"]
+    mask = r["inputs"]["completion_mask"].bool()
+    clamped = ((r["policy"] - r["ref"]).abs() > 1.5) & mask
+    assert 0 < clamped.sum() < mask.sum()  # both kinds of token
+    leaf = r["policy"].clone().requires_grad_()
+    with mock.patch.object(
+        trainer, "_get_per_token_logps_and_entropies", return_value=(leaf, torch.zeros_like(leaf), None)
+    ):
+        (theirs,) = torch.autograd.grad(real_loss(trainer, trainer.model, r["inputs"]), leaf)
+    mine = leaf.detach().clone().requires_grad_()
+    (expected,) = torch.autograd.grad(ours(mine, r["ref"], r["inputs"]), mine)
+    kl_only = beta * (1 - (r["ref"] - leaf.detach()).exp()) / r["inputs"]["num_items_in_batch"]
+    assert torch.allclose(theirs, expected, atol=1e-7)
+    assert torch.allclose(theirs[clamped], kl_only[clamped], atol=1e-8)
+    assert not torch.allclose(theirs[mask & ~clamped], kl_only[mask & ~clamped], atol=1e-6)  # the ratio acts inside
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_callback_syncs_trls_kto(toy, pairs, k):
+    from trl import KTOConfig, KTOTrainer
+
+    tok, rows, _ = pairs
+    unpaired = [
+        dict(prompt=r["prompt"], completion=r[c], label=c == "chosen") for r in rows for c in ("chosen", "rejected")
+    ]
+    ns = namespace(
+        "trainer = KTOTrainer(",
+        model=toy_model(toy),
+        ref_model=toy_model(toy),
+        kto_config=KTOConfig(**trainer_options(per_device_train_batch_size=4, beta=BETA)),
+        unpaired=datasets.Dataset.from_list(unpaired),
+        tokenizer=tok,
+        k=k,
+    )
+    synced(KTOTrainer, ns, "trainer = KTOTrainer(", k)
