@@ -5,13 +5,15 @@ only the user's objects and the page's functions it says it uses), on the toy mo
 - the plain loop trains the toy and syncs after clipping, before each k-th update, with dropout off in both models;
   the loop without a reference model gives its losses step by step;
 - the callback, on TRL's DPOTrainer, KTOTrainer and GRPOTrainer with k = 1 and 2, with a second model and (DPO, GRPO)
-  with LoRA (TRL's "ref" adapter): after each k-th update the reference holds the policy's weights from before that update (compared
-  exactly), and between syncs it is untouched; each step of TRL's DPO loss equals dpo_loss on the same batch, policy
-  and reference; where a sync cannot work (a peft_config, no reference, precomputed log-probs, DeepSpeed) it stops;
+  with LoRA (TRL's "ref" adapter): after each k-th update the reference holds the policy's weights from before that
+  update (compared exactly), and between syncs it is untouched; each step of TRL's DPO loss equals dpo_loss on the
+  same batch, policy and reference; where a sync cannot work (a peft_config, no reference, precomputed log-probs,
+  DeepSpeed) it stops;
 - the page's clamp for TRL's DPO, put in place of the two lines the page names in the installed TRL's source, makes
   each step's loss dpo_loss with the clamp, while tokens are clamped; for GRPO, in place of the line that sets
   log_ratio, grpo_loss with the clamp, and a clamped token's gradient is the KL term's alone;
-- every block imports what it uses.
+- every block imports what it uses;
+- the authors' own sync (their math code's two hooks), executed: the reference gets the weights after the update.
 """
 
 import copy
@@ -561,3 +563,56 @@ def test_the_callback_syncs_trls_kto(toy, pairs, k):
         k=k,
     )
     synced(KTOTrainer, ns, "trainer = KTOTrainer(", k)
+
+
+# ---- the authors' sync, as it executes -------------------------------------------------------------------------
+
+
+def test_the_authors_sync_as_executed_gives_the_reference_the_weights_after_the_update(toy):
+    """docs/paper-runs.md: the authors' math code (open-r1-humanline) keeps `accelerator.get_state_dict(model)` in
+    on_pre_optimizer_step of each k-th update and loads it into the reference in on_step_end (re-typed here from that
+    description). On one process (and under DDP) get_state_dict hands back the live tensors, not a copy, so the
+    optimizer's in-place update reaches them: the reference gets the policy as it is after the update (TR-DPO's rule),
+    not as it was before it (humanline's)."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class AuthorsSync(TrainerCallback):  # the description's two hooks
+        def __init__(self, trainer, reference, k):
+            self.trainer, self.reference, self.k, self.kept = trainer, reference, k, None
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            if (state.global_step + 1) % self.k == 0:
+                self.kept = self.trainer.accelerator.get_state_dict(model)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.kept is not None:
+                self.reference.load_state_dict(self.kept)
+                self.kept = None
+
+    class Watch(TrainerCallback):  # after the authors' hooks: the weights before each update, and after its step
+        def __init__(self, policy, reference):
+            self.policy, self.reference, self.seen = policy, reference, []
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            self.seen.append(dict(before=weights(self.policy)))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seen[-1] |= dict(after=weights(self.policy), ref=weights(self.reference))
+
+    g = torch.Generator().manual_seed(0)
+    rows = [dict(input_ids=ids, labels=ids) for ids in torch.randint(3, 17, (16, 12), generator=g).tolist()]
+    policy, reference = toy_model(toy), toy_model(toy).eval()
+    args = TrainingArguments(**trainer_options(per_device_train_batch_size=4))
+    trainer = Trainer(model=policy, args=args, train_dataset=datasets.Dataset.from_list(rows))
+    watch = Watch(policy, reference)
+    trainer.add_callback(AuthorsSync(trainer, reference, k=2))
+    trainer.add_callback(watch)
+    trainer.train()
+    assert len(watch.seen) == 4
+    initial = weights(toy_model(toy))
+    for step, s in enumerate(watch.seen):
+        assert not same(s["before"], s["after"]), f"step {step}: no update"
+        if (step + 1) % 2 == 0:  # the authors' sync steps
+            assert same(s["ref"], s["after"]) and not same(s["ref"], s["before"]), f"step {step}"
+        else:
+            assert same(s["ref"], initial if step == 0 else watch.seen[step - 1]["ref"]), f"step {step}"
