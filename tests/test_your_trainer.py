@@ -8,7 +8,7 @@ only the user's objects and the page's functions it says it uses), on the toy mo
   with LoRA (TRL's "ref" adapter): after each k-th update the reference holds the policy's weights from before that
   update (compared exactly), and between syncs it is untouched; each step of TRL's DPO loss equals dpo_loss on the
   same batch, policy and reference; where a sync cannot work (a peft_config, no reference, precomputed log-probs,
-  DeepSpeed) it stops;
+  DeepSpeed) it stops; under FSDP2 on two processes it syncs each process's shards;
 - the page's clamp for TRL's DPO, put in place of the two lines the page names in the installed TRL's source, makes
   each step's loss dpo_loss with the clamp, while tokens are clamped; for GRPO, in place of the line that sets
   log_ratio, grpo_loss with the clamp, and a clamped token's gradient is the KL term's alone;
@@ -616,3 +616,31 @@ def test_the_authors_sync_as_executed_gives_the_reference_the_weights_after_the_
             assert same(s["ref"], s["after"]) and not same(s["ref"], s["before"]), f"step {step}"
         else:
             assert same(s["ref"], initial if step == 0 else watch.seen[step - 1]["ref"]), f"step {step}"
+
+
+# ---- FSDP2 ------------------------------------------------------------------------------------------------------
+
+
+def test_under_fsdp2_the_callback_syncs_each_processs_shards_before_each_kth_update(tmp_path):
+    """Two gloo processes, the toy's policy and reference each sharded with fully_shard, in Trainer's order of calls
+    (tests/fsdp_callback_helper.py: Trainer itself does not shard on a CPU). As written, after each k-th update the
+    reference holds the policy's weights from before it, and between syncs its own; without the reshard line the
+    reference's forward leaves its root gathered and the sync silently misses: the line is what makes it work."""
+    import subprocess
+    import sys
+
+    helper = os.path.join(ROOT, "tests", "fsdp_callback_helper.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", helper]
+    proc = subprocess.run(
+        torchrun + [str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"out.{rank}").read_text())
+        assert result["page"] == dict(steps=[True] * 4, moved=True), result
+        assert result["without_reshard"]["moved"] and not all(result["without_reshard"]["steps"]), result
