@@ -5,7 +5,7 @@ constraints, for the experiments.
     python experiments/smollm2.py prompts    # rewrites experiments/smollm2/{train,valid,test}.jsonl (seeded)
     python experiments/smollm2.py baseline   # the starting model's success on the held-out prompts (2 minutes)
     python experiments/smollm2.py pairs      # rewrites experiments/smollm2/pairs.jsonl, the offline data (40 min)
-    python experiments/smollm2.py memory     # the memory plan against the measured peak on its shape (10 min)
+    python experiments/smollm2.py memory     # the memory plan against the measured peak on its shape (25 min)
 
 The offline data is what a user would have: `pairs` samples 4 completions of each of the first 1,024 training
 prompts from the starting model (temperature 0.7, top-p 0.95, at most 48 new tokens, the scripts' own generation) and
