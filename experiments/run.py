@@ -313,9 +313,9 @@ def suites(results, chosen):
         ("grpo off-policy (sample every 8 steps)", "grpo_humanline.py", off, "grpo online", 1),
         ("grpo off-policy+humanline", "grpo_humanline.py", off + ["--humanline"], "grpo online", 1),
     ]
-    lora = ["--lora_r", "16"]
+    adapters = ["--lora_r", "16"]
     more += [
-        (f"{a} offline+humanline, LoRA", f"{a}_humanline.py", smol_flags(a, "offline+humanline") + lora, f"{a} {m}", 10)
+        (f"{a} offline+humanline, LoRA", f"{a}_humanline.py", smol_flags(a, m) + adapters, f"{a} {m}", 10)
         for a, m in (("dpo", "offline+humanline"), ("grpo", "offline+humanline"))
     ]
     smollm2 += [
