@@ -1,6 +1,6 @@
 """Reproduce the paper's comparisons on the toy task and on a real model: rates chosen per variant, seeds, p-values.
 
-    python experiments/run.py                      # every toy suite, in order (543 runs, ~7 h on 2 CPU cores; resumable)
+    python experiments/run.py                      # the toy's suites, in order (543 runs, ~7 h on 2 cores; resumable)
     python experiments/run.py --suite sweep        # or main, instances, offpolicy, ablations, quality, lora_sweep, lora
     python experiments/run.py --suite lora_sweep && python experiments/run.py --suite lora   # LoRA against full
     python experiments/run.py --report             # only rebuild the tables and plots from finished runs
