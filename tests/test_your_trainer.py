@@ -8,7 +8,8 @@ only the user's objects and the page's functions it says it uses), on the toy mo
   with LoRA (TRL's "ref" adapter): after each k-th update the reference holds the policy's weights from before that
   update (compared exactly), and between syncs it is untouched; each step of TRL's DPO loss equals dpo_loss on the
   same batch, policy and reference; where a sync cannot work (a peft_config, no reference, precomputed log-probs,
-  DeepSpeed) it stops; under FSDP2 on two processes it syncs each process's shards;
+  DeepSpeed, run on a CPU: there the update precedes the hook) it stops; under FSDP2 on two processes it syncs each
+  process's shards;
 - the page's clamp for TRL's DPO, put in place of the two lines the page names in the installed TRL's source, makes
   each step's loss dpo_loss with the clamp, while tokens are clamped; for GRPO, in place of the line that sets
   log_ratio, grpo_loss with the clamp, and a clamped token's gradient is the KL term's alone;
@@ -343,7 +344,7 @@ def test_the_callback_syncs_trls_grpo(toy, k, wrap):
 
 def test_the_callback_stops_in_one_line_where_a_sync_cannot_work(toy, pairs):
     """When it is made, before training: a peft_config (TRL's reference is then the base model), no reference at all
-    (GRPO with beta 0), precomputed reference log-probs, DeepSpeed (mocked: the update comes before the hook)."""
+    (GRPO with beta 0), precomputed reference log-probs (DeepSpeed: the test below)."""
     from peft import LoraConfig
 
     ns = alone("class HumanlineSync")
@@ -372,9 +373,6 @@ def test_the_callback_stops_in_one_line_where_a_sync_cannot_work(toy, pairs):
     names = dict(reward_funcs=g["reward"], args=g["grpo_config"], train_dataset=g["prompts"], processing_class=tok)
     stops(GRPOTrainer(model=g["model"], **names), "no reference to copy into")
     stops(dpo(toy_model(toy), precompute_ref_log_probs=True), "precompute_ref_log_probs=True")
-    deepspeed = dpo(toy_model(toy))
-    deepspeed.is_deepspeed_enabled = True  # what accelerate's DeepSpeed plugin sets; the engine itself is not needed
-    stops(deepspeed, "under DeepSpeed")
 
 
 # ---- the clamp in TRL's DPO -------------------------------------------------------------------------------------
@@ -644,3 +642,36 @@ def test_under_fsdp2_the_callback_syncs_each_processs_shards_before_each_kth_upd
         result = json.loads((tmp_path / f"out.{rank}").read_text())
         assert result["page"] == dict(steps=[True] * 4, moved=True), result
         assert result["without_reshard"]["moved"] and not all(result["without_reshard"]["steps"]), result
+
+
+# ---- DeepSpeed --------------------------------------------------------------------------------------------------
+
+
+def test_under_deepspeed_the_update_comes_before_the_hook_and_the_callback_stops(tmp_path):
+    """DeepSpeed (ZeRO-2) on a CPU under Trainer, one process (tests/deepspeed_helper.py): at each step a weight already
+    holds the step's update at on_pre_optimizer_step (accelerate runs the engine's step inside backward), so a copy
+    there would be TR-DPO's sync; the page's callback, made for that trainer, stops in one line saying so."""
+    import subprocess
+    import sys
+
+    helper = os.path.join(ROOT, "tests", "deepspeed_helper.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", helper]
+    proc = subprocess.run(
+        torchrun + [str(tmp_path / "out.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["deepspeed"]
+    seen = result["seen"]
+    assert [hook for hook, _ in seen] == ["begin", "pre_optimizer_step", "end"] * 3
+    for step in range(3):
+        (_, begin), (_, pre), (_, end) = seen[3 * step : 3 * step + 3]
+        assert pre != begin and pre == end, f"step {step}: {seen}"  # updated before the hook, nothing after it
+    assert result["stop"] == (
+        "HumanlineSync: under DeepSpeed the update happens before on_pre_optimizer_step: the copy would come after it"
+    )
