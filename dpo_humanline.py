@@ -360,6 +360,7 @@ def main():
             session.log({"step": 0} | evaluate())
 
     update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
+    short = 0  # rounds in a row that kept fewer pairs than a batch: each is followed by the next round
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
@@ -376,8 +377,11 @@ def main():
             reference.reset(policy, step=state.step)
             record = {"step": state.step, "online/round": state.round_index, "online/pairs": len(pairs)} | record
             session.log(record | {"online/kept_frac": len(pairs) / len(rows), "online/seconds": time.time() - t0})
-            few = f"round {state.round_index} kept {len(pairs)} pairs, fewer than one batch: raise --round_size"
-            plumbing.fail(len(pairs) < args.batch_size, few + " or lower --reward_threshold")
+            # too few pairs (most prompts all passed, or all failed): the next round follows
+            short = short + 1 if len(pairs) < args.batch_size else 0
+            few = f"{short} rounds in a row kept fewer pairs than a batch: raise --round_size"
+            few += " or lower --reward_threshold"
+            plumbing.fail(short * args.round_size >= len(train_prompts), few)
             continue
 
         # the step: per micro-batch one forward per model on chosen and rejected concatenated

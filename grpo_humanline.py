@@ -461,6 +461,7 @@ def main():
             session.log({"step": 0} | evaluate())
 
     update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
+    short = 0  # samplings in a row that gave less than a batch: each is followed by the next one
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
@@ -490,9 +491,9 @@ def main():
             record |= {"online/groups": len(groups), "online/zero_std_frac": zero_std}
             record["online/steps"] = len(state.round) // args.batch_size
             session.log(record | {"online/seconds": time.time() - t0})
-            few = f"round {state.round_index} gave {len(groups)} groups, fewer than a batch ({args.batch_size} "
-            few += "sequences): raise --round_size or lower --reward_threshold, or add prompts"
-            plumbing.fail(not state.round, few)
+            short = 0 if state.round else short + 1  # too few groups: the next sampling follows
+            few = f"{short} samplings in a row gave less than a batch: raise --round_size"
+            plumbing.fail(short * per_round >= len(train_prompts), few + " or lower --reward_threshold")
             continue
 
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens, micro-batches and processes

@@ -43,3 +43,18 @@ def checksum(prompts, completions, **columns):
 def solution_length(prompts, completions, solution, **columns):
     """Needs the dataset's extra 'solution' column (as a math accuracy reward does)."""
     return [float(len(c) == len(s)) + r for c, s, r in zip(completions, solution, checksum(prompts, completions))]
+
+
+def ties(prompts, completions, **columns):
+    """Every sample scores the same: no round keeps a (best, worst) pair."""
+    return [1.0] * len(completions)
+
+
+def ties_at_first(prompts, completions, **columns):
+    """`ties` for the first call (the first round's scoring), then the toy reward: a round that keeps no pair, then
+    rounds that do (`ties_at_first.calls` counts the calls; a test sets it to 0)."""
+    ties_at_first.calls += 1
+    return ties(prompts, completions) if ties_at_first.calls == 1 else toy_task.reward(prompts, completions)
+
+
+ties_at_first.calls = 0

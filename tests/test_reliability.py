@@ -917,3 +917,50 @@ def test_args_json_records_the_code_that_ran(tmp_path, toy):
         assert record["commit"] == git("rev-parse", "HEAD") and record["dirty"] == bool(
             git("status", "--porcelain", "--", *files)
         )
+
+
+PAIRS_ONLINE = {  # online training from (best, worst) pairs of each round's samples
+    "dpo_humanline.py": ONLINE["dpo_humanline.py"],
+    "kto_humanline.py": ONLINE["kto_humanline.py"],
+    "grpo_humanline.py": ["--online", "--pairs_from_samples", "--round_size", "32", "--num_generations", "4"],
+}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_round_that_keeps_too_few_pairs_is_followed_by_the_next_one(script, tmp_path, toy):
+    """A policy that passes (or fails) most prompts keeps few pairs: such a round no longer stops the run (a real
+    model's online DPO did at its 8th round), the next round is sampled and training goes on."""
+    import tests.faulty_rewards as faulty
+
+    faulty.ties_at_first.calls = 0
+    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model", "tests.faulty_rewards:ties_at_first"]
+    run_here(
+        script,
+        [*PAIRS_ONLINE[script], "--max_steps", "2", "--save_every", "0", "--eval_prompts", "none", *scorer],
+        tmp_path,
+    )
+    sampled = [r for r in records(str(tmp_path)) if "online/round" in r and "online/seconds" in r]
+    assert sampled[0]["step"] == 0 and sampled[0].get("online/pairs", sampled[0].get("online/groups")) == 0
+    assert sampled[1]["step"] == 0 and len(steps(str(tmp_path))) == 2
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_whole_pass_of_prompts_without_a_batch_of_pairs_stops_in_one_line(script, tmp_path, toy):
+    prompts = tmp_path / "prompts.jsonl"
+    with open(toy.prompts_train) as f:
+        prompts.write_text("".join(f.readlines()[:64]))
+    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model", "tests.faulty_rewards:ties"]
+    flags = [*PAIRS_ONLINE[script], "--dataset", str(prompts), "--max_steps", "2", "--eval_prompts", "none", *scorer]
+    proc = run(script, flags, tmp_path / "run")
+    assert proc.returncode != 0
+    word = "samplings" if script.startswith("grpo") else "rounds"
+    unit = {"dpo": "pairs", "kto": "examples", "grpo": ""}[script.split("_")[0]]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith(  # after the progress bar, when it shares the line
+            f"2 {word} in a row "
+            + (f"kept fewer {unit} than a batch" if unit else "gave less than a batch")
+            + ": raise --round_size or lower --reward_threshold"
+        )
+    ), proc.stderr[-2000:]
