@@ -615,6 +615,18 @@ def test_the_authors_sync_as_executed_gives_the_reference_the_weights_after_the_
             assert same(s["ref"], initial if step == 0 else watch.seen[step - 1]["ref"]), f"step {step}"
 
 
+def torchrun(helper, nproc, out):
+    """tests/<helper> on `nproc` processes of one machine, writing to `out`."""
+    import subprocess
+    import sys
+
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = launch + [os.path.join(ROOT, "tests", helper), str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 # ---- FSDP2 ------------------------------------------------------------------------------------------------------
 
 
@@ -623,20 +635,7 @@ def test_under_fsdp2_the_callback_syncs_each_processs_shards_before_each_kth_upd
     (tests/fsdp_callback_helper.py: Trainer itself does not shard on a CPU). As written, after each k-th update the
     reference holds the policy's weights from before it, and between syncs its own; without the reshard line the
     reference's forward leaves its root gathered and the sync silently misses: the line is what makes it work."""
-    import subprocess
-    import sys
-
-    helper = os.path.join(ROOT, "tests", "fsdp_callback_helper.py")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", helper]
-    proc = subprocess.run(
-        torchrun + [str(tmp_path / "out")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun("fsdp_callback_helper.py", 2, tmp_path / "out")
     for rank in (0, 1):
         result = json.loads((tmp_path / f"out.{rank}").read_text())
         assert result["page"] == dict(steps=[True] * 4, moved=True), result
@@ -650,20 +649,7 @@ def test_under_deepspeed_the_update_comes_before_the_hook_and_the_callback_stops
     """DeepSpeed (ZeRO-2) on a CPU under Trainer, one process (tests/deepspeed_helper.py): at each step a weight already
     holds the step's update at on_pre_optimizer_step (accelerate runs the engine's step inside backward), so a copy
     there would be TR-DPO's sync; the page's callback, made for that trainer, stops in one line saying so."""
-    import subprocess
-    import sys
-
-    helper = os.path.join(ROOT, "tests", "deepspeed_helper.py")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", helper]
-    proc = subprocess.run(
-        torchrun + [str(tmp_path / "out.json")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun("deepspeed_helper.py", 1, tmp_path / "out.json")
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["deepspeed"]
     seen = result["seen"]
