@@ -25,16 +25,18 @@ trains each at its chosen rate with 3 seeds, and KTO, off-policy GRPO and LoRA a
 test prompts (about 7 CPU-hours for the two; `--quick --suite smollm2` runs its code paths for 2 steps).
 
 Each run is one training script in a subprocess with one CPU thread (`--jobs` at a time). A run is finished when its
-`metrics.jsonl` has an evaluation at the final step; finished runs are skipped, so an interrupted invocation
-continues where it stopped. Runs are written to `results/runs/<suite>/` and packed, every few runs, into
-`results/<suite>.tar.gz` (`metrics.jsonl`, `args.json`, wall and CPU seconds; weights are deleted), which is what
-`--report` reads. Results: `results/<suite>.md` (tables), `<suite>.jsonl` (one line per configuration) and PNG plots
-when matplotlib is installed (`pip install -r experiments/requirements.txt`). A table holds runs of one version of
-the code (`provenance.code` in their `args.json`) unless `--mix_code` says otherwise.
+`metrics.jsonl` has an evaluation at the final step; finished runs are skipped, so an interrupted invocation continues
+where it stopped; a real model's run also saves a checkpoint every 4 steps, and one stopped midway (Ctrl-C, a SIGTERM, a
+crash) continues from it, its CPU seconds counted across attempts. Runs are written to `results/runs/<suite>/` and
+packed, every few runs, into `results/<suite>.tar.gz` (`metrics.jsonl`, `args.json`, wall and CPU seconds; weights are
+deleted), which is what `--report` reads. Results: `results/<suite>.md` (tables), `<suite>.jsonl` (one line per
+configuration) and PNG plots when matplotlib is installed (`pip install -r experiments/requirements.txt`). A table holds
+runs of one version of the code (`provenance.code` in their `args.json`) unless `--mix_code` says otherwise.
 """
 
 import argparse
 import contextlib
+import glob
 import gzip
 import io
 import json
@@ -466,24 +468,29 @@ def run_script(cmd, env, log_path):
 
 def launch(results, suite, name, script, flags, seed):
     out = os.path.join(results, "runs", suite, run_key(name, seed))
-    cmd = [
-        sys.executable,
-        os.path.join(ROOT, script),
-        *flags,
-        "--seed",
-        str(seed),
-        "--output_dir",
-        out,
-        "--save_every",
-        "0",
-    ]
+    # a real model's run (up to an hour) keeps a checkpoint every 4 steps and continues from it when the suite is rerun
+    save_every = 4 if suite.startswith("smollm2") else 0
+    cmd = [sys.executable, os.path.join(ROOT, script), *flags, "--seed", str(seed), "--output_dir", out]
+    cmd += ["--save_every", str(save_every)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    spent = os.path.join(out, "cpu_seconds_before_resume")  # the interrupted attempts' CPU seconds
+    resume = save_every and glob.glob(os.path.join(out, "checkpoint-*", "state-rank0.pt"))
+    if resume:
+        cmd.append("--resume")
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+    before = float(open(spent).read()) if resume and os.path.exists(spent) else 0.0
     t0 = time.time()
     code, cpu_seconds = run_script(cmd, env, os.path.join(out, "log.txt"))
-    if code != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({code}); see {out}/log.txt")
+    cpu_seconds += before
+    metrics = os.path.join(out, "metrics.jsonl")
+    run = {"cpu_seconds": "", "metrics.jsonl": open(metrics).read() if os.path.exists(metrics) else ""}
+    stopped = code == 0 and not finished(run, max_steps_of(flags))
+    if code != 0 or stopped:  # failed, or stopped by a signal after saving: a rerun continues it
+        with open(spent, "w") as f:
+            f.write(f"{cpu_seconds:.1f}\n")
+        raise SystemExit(f"{' '.join(cmd)} {'stopped' if stopped else f'failed ({code})'}; see {out}/log.txt")
     for file in os.listdir(out):  # keep the metrics, drop the weights
         if file not in ("metrics.jsonl", "args.json", "log.txt"):
             p = os.path.join(out, file)

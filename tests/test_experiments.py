@@ -282,6 +282,39 @@ def test_an_unfinished_run_is_redone(tmp_path):
     assert os.path.isdir(killed) and list(run.load_runs(results, "main")) == [run.run_key("dpo offline", 0)]
 
 
+def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_path, monkeypatch):
+    """A real model's run (up to an hour) saves every 4 steps; stopped (a signal: exit 0 before its last step), the
+    runner keeps the checkpoint and the CPU seconds spent, and the suite's rerun resumes it instead of starting over."""
+    results, flags, calls = str(tmp_path), ["--max_steps", "8"], []
+
+    def fake_script(cmd, env, log_path):  # stands in for the script: the first attempt stops at step 4
+        calls.append(cmd)
+        out = cmd[cmd.index("--output_dir") + 1]
+        last = 8 if "--resume" in cmd else 4
+        os.makedirs(os.path.join(out, "checkpoint-4"), exist_ok=True)
+        open(os.path.join(out, "checkpoint-4", "state-rank0.pt"), "w").close()
+        with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps({"step": s, "eval/reward": 0.5}) + "\n" for s in range(0, last + 1, 4))
+        open(log_path, "a").close()
+        return 0, 10.0
+
+    monkeypatch.setattr(run, "run_script", fake_script)
+    with pytest.raises(SystemExit, match="stopped"):
+        run.launch(results, "smollm2", "dpo offline", "dpo_humanline.py", flags, 0)
+    out = os.path.join(results, "runs", "smollm2", run.run_key("dpo offline", 0))
+    assert calls[0][calls[0].index("--save_every") + 1] == "4" and "--resume" not in calls[0]
+    assert os.path.isdir(os.path.join(out, "checkpoint-4")) and not os.path.exists(os.path.join(out, "cpu_seconds"))
+    run.launch(results, "smollm2", "dpo offline", "dpo_humanline.py", flags, 0)
+    assert "--resume" in calls[1] and not os.path.exists(os.path.join(out, "checkpoint-4"))
+    assert open(os.path.join(out, "cpu_seconds")).read() == "20.0\n"  # both attempts
+    assert run.finished(run.load_runs(results, "smollm2")[run.run_key("dpo offline", 0)], 8)
+    for _ in range(2):  # the toy's runs (seconds each) keep no checkpoint: a stopped one starts over
+        with pytest.raises(SystemExit, match="stopped"):
+            run.launch(results, "main", "dpo offline", "dpo_humanline.py", flags, 1)
+    assert [c[c.index("--save_every") + 1] for c in calls[2:]] == ["0", "0"]
+    assert not any("--resume" in c for c in calls[2:])
+
+
 def test_regime():
     assert run.regime(["--offline"], 0.05) == "no clamp"  # no clamp in the loss, whatever a clamp would cut
     assert run.regime(["--humanline"], 0.0) == "clamp idle"
