@@ -1511,12 +1511,14 @@ def main():
                 + (f" ({missing} variants have no chosen learning rate yet)" if missing and not args.quick else ""),
                 flush=True,
             )
-            with ThreadPoolExecutor(args.jobs) as pool:
-                for i, _ in enumerate(pool.map(lambda j: launch(results, suite, *j), jobs)):
-                    print(f"  {suite}: {i + 1}/{len(jobs)} done", flush=True)
-                    if (i + 1) % 10 == 0:  # nothing finished is lost for long; the archive is what gets committed
-                        pack(results, suite)
-            pack(results, suite)
+            try:
+                with ThreadPoolExecutor(args.jobs) as pool:
+                    for i, _ in enumerate(pool.map(lambda j: launch(results, suite, *j), jobs)):
+                        print(f"  {suite}: {i + 1}/{len(jobs)} done", flush=True)
+                        if (i + 1) % 10 == 0:  # nothing finished is lost for long; the archive is what gets committed
+                            pack(results, suite)
+            finally:  # a run that failed or was stopped: the finished ones are packed all the same
+                pack(results, suite)
     chosen = choose_rates(results) if not args.quick else paper_rates()
     all_configs = quick_suites(results) if args.quick else suites(results, chosen)
     main_rows = summarize(load_runs(results, "main"), all_configs["main"])

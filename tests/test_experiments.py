@@ -499,11 +499,12 @@ def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_pat
     files = [f for f in tracked.stdout.split() if "/previous/" not in f]
     if not any(f.endswith(".tar.gz") for f in files):
         pytest.skip("not a git checkout with committed results")
-    suites = ("sweep", "main", "instances", "offpolicy", "ablations", "quality", "lora_sweep", "lora", "smollm2_sweep")
+    suites = ("sweep", "main", "instances", "offpolicy", "ablations", "quality", "lora_sweep", "lora")
+    suites += ("smollm2_sweep", "smollm2")
     tables = [
         f for f in files if os.path.basename(f) in {"setup.md"} | {f"{s}{x}" for s in suites for x in (".md", ".jsonl")}
     ]
-    assert len(tables) == 19
+    assert len(tables) == 21
     for f in set(files) - set(tables):  # the tables are left out: the report has to write them
         dest = tmp_path / os.path.relpath(f, "experiments/results")
         dest.parent.mkdir(parents=True, exist_ok=True)
