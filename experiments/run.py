@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 from scipy import stats
@@ -1511,13 +1511,15 @@ def main():
                 + (f" ({missing} variants have no chosen learning rate yet)" if missing and not args.quick else ""),
                 flush=True,
             )
-            try:
-                with ThreadPoolExecutor(args.jobs) as pool:
-                    for i, _ in enumerate(pool.map(lambda j: launch(results, suite, *j), jobs)):
-                        print(f"  {suite}: {i + 1}/{len(jobs)} done", flush=True)
-                        if (i + 1) % 10 == 0:  # nothing finished is lost for long; the archive is what gets committed
-                            pack(results, suite)
-            finally:  # a run that failed or was stopped: the finished ones are packed all the same
+            pool = ThreadPoolExecutor(args.jobs)
+            try:  # as each run ends, not in order: a run that fails or is stopped ends the suite at once
+                for i, ended in enumerate(as_completed([pool.submit(launch, results, suite, *j) for j in jobs])):
+                    ended.result()
+                    print(f"  {suite}: {i + 1}/{len(jobs)} done", flush=True)
+                    if (i + 1) % 10 == 0:  # nothing finished is lost for long; the archive is what gets committed
+                        pack(results, suite)
+            finally:  # a run failed or was stopped: the queued runs do not start, the finished ones are packed
+                pool.shutdown(cancel_futures=True)
                 pack(results, suite)
     chosen = choose_rates(results) if not args.quick else paper_rates()
     all_configs = quick_suites(results) if args.quick else suites(results, chosen)

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -313,6 +314,28 @@ def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_pa
             run.launch(results, "main", "dpo offline", "dpo_humanline.py", flags, 1)
     assert [c[c.index("--save_every") + 1] for c in calls[2:]] == ["0", "0"]
     assert not any("--resume" in c for c in calls[2:])
+
+
+def test_a_stopped_run_stops_the_suite_and_its_finished_runs_are_packed(tmp_path, monkeypatch):
+    """A run of a suite fails or is stopped while an earlier one is still going: the runs still queued do not start (a
+    real model's take an hour each), and what finished is packed."""
+    launched, packed = [], []
+
+    def fake_launch(results, suite, name, script, flags, seed):
+        launched.append(name)
+        if len(launched) == 1:  # the first run goes on for a while
+            time.sleep(1)
+        elif len(launched) == 2:
+            raise SystemExit(f"{name}: stopped")
+
+    monkeypatch.setattr(run, "launch", fake_launch)
+    monkeypatch.setattr(run, "pack", lambda results, suite: packed.append(suite))
+    monkeypatch.setattr(sys, "argv", ["run.py", "--quick", "--suite", "main", "--jobs", "2", "--results", str(tmp_path)])
+    with pytest.raises(SystemExit, match="stopped"):
+        run.main()
+    queued = len(run.quick_suites(os.path.join(str(tmp_path), "quick"))["main"])
+    assert queued >= 6 and len(launched) <= 3  # the two, and at most one the freed thread had already taken
+    assert packed == ["main"]
 
 
 def test_regime():
