@@ -360,7 +360,7 @@ def main():
             session.log({"step": 0} | evaluate())
 
     update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
-    short = 0  # rounds in a row that kept fewer pairs than a batch: each is followed by the next round
+    short = 0  # rounds in a row too short for a batch
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
@@ -371,14 +371,17 @@ def main():
                 policy, tokenizer, scorers, rows, args.num_samples, args, state.round_index, rt
             )
             pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
+            # a short round trained no step: its pairs, still on-policy, join this one's
+            kept = state.round if state.step == state.round_start else []
             state.round_index, state.round_start = state.round_index + 1, state.step
             shuffle = torch.Generator().manual_seed(plumbing.stream_seed(args.seed, "shuffle", state.round_index))
-            state.round = [(pairs[i][0], *pairs[i][1]) for i in torch.randperm(len(pairs), generator=shuffle).tolist()]
+            perm = torch.randperm(len(pairs), generator=shuffle).tolist()
+            state.round = kept + [(pairs[i][0], *pairs[i][1]) for i in perm]
             reference.reset(policy, step=state.step)
             record = {"step": state.step, "online/round": state.round_index, "online/pairs": len(pairs)} | record
             session.log(record | {"online/kept_frac": len(pairs) / len(rows), "online/seconds": time.time() - t0})
             # too few pairs (most prompts all passed, or all failed): the next round follows
-            short = short + 1 if len(pairs) < args.batch_size else 0
+            short = short + 1 if len(state.round) < args.batch_size else 0
             few = f"{short} rounds in a row kept fewer pairs than a batch: raise --round_size"
             few += " or lower --reward_threshold"
             plumbing.fail(short * args.round_size >= len(train_prompts), few)

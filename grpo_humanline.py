@@ -461,7 +461,7 @@ def main():
             session.log({"step": 0} | evaluate())
 
     update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
-    short = 0  # samplings in a row that gave less than a batch: each is followed by the next one
+    short = 0  # samplings in a row too short for a batch
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
@@ -473,6 +473,8 @@ def main():
             groups, record = plumbing.sample_and_score(
                 policy, tokenizer, reward_fns, rows, args.num_generations, args, state.round_index, rt
             )
+            # a short sampling trained no step: its sequences, still on-policy, join this one's
+            kept = state.round if state.step == state.round_start else []
             state.round_index, state.round_start = state.round_index + 1, state.step
             if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
                 pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
@@ -483,7 +485,7 @@ def main():
             else:  # a group with a bad reward is left out whole: its advantages need every reward
                 groups = [g[1:] for g in groups if None not in g[3]]
             seqs = group_sequences(groups, args.advantage_std)
-            state.round = seqs[: len(seqs) // args.batch_size * args.batch_size]
+            state.round = kept + seqs
             if reference is not None and reset_each_sampling:
                 reference.reset(policy, step=state.step)
             record = {"step": state.step, "online/round": state.round_index} | record
@@ -491,7 +493,7 @@ def main():
             record |= {"online/groups": len(groups), "online/zero_std_frac": zero_std}
             record["online/steps"] = len(state.round) // args.batch_size
             session.log(record | {"online/seconds": time.time() - t0})
-            short = 0 if state.round else short + 1  # too few groups: the next sampling follows
+            short = 0 if len(state.round) >= args.batch_size else short + 1
             few = f"{short} samplings in a row gave less than a batch: raise --round_size"
             plumbing.fail(short * per_round >= len(train_prompts), few + " or lower --reward_threshold")
             continue

@@ -58,3 +58,28 @@ def ties_at_first(prompts, completions, **columns):
 
 
 ties_at_first.calls = 0
+
+
+def few_pairs_at_first(prompts, completions, **columns):
+    """Call i (1-based) of the first len(`few_pairs_at_first.keep`) calls: a (best, worst) pair for the first
+    keep[i-1] prompts whose samples differ, ties for the rest (so that round keeps exactly that many pairs); then the
+    toy reward. A test sets `.keep` and `.calls`."""
+    few_pairs_at_first.calls += 1
+    if few_pairs_at_first.calls > len(few_pairs_at_first.keep):
+        return toy_task.reward(prompts, completions)
+    samples = {}
+    for i, p in enumerate(prompts):
+        samples.setdefault(p, []).append(i)
+    scores, paired = [1.0] * len(completions), 0
+    for rows in samples.values():
+        first = completions[rows[0]]
+        if paired < few_pairs_at_first.keep[few_pairs_at_first.calls - 1] and any(
+            completions[i] != first for i in rows
+        ):
+            paired += 1
+            for i in rows[1:]:
+                scores[i] = 0.0 if completions[i] != first else 1.0
+    return scores
+
+
+few_pairs_at_first.calls, few_pairs_at_first.keep = 0, []

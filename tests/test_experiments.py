@@ -330,7 +330,9 @@ def test_a_stopped_run_stops_the_suite_and_its_finished_runs_are_packed(tmp_path
 
     monkeypatch.setattr(run, "launch", fake_launch)
     monkeypatch.setattr(run, "pack", lambda results, suite: packed.append(suite))
-    monkeypatch.setattr(sys, "argv", ["run.py", "--quick", "--suite", "main", "--jobs", "2", "--results", str(tmp_path)])
+    monkeypatch.setattr(
+        sys, "argv", ["run.py", "--quick", "--suite", "main", "--jobs", "2", "--results", str(tmp_path)]
+    )
     with pytest.raises(SystemExit, match="stopped"):
         run.main()
     queued = len(run.quick_suites(os.path.join(str(tmp_path), "quick"))["main"])

@@ -29,7 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 BUDGET = {  # lines and bytes as ruff formats the script; at most 10% of its lines over 100 characters
     "dpo_humanline.py": (450, 27_200),  # DESIGN.md's 430 lines and 26 KB, + 20 lines (and bytes in proportion): LoRA
-    "kto_humanline.py": (500, 30_200),  # 480 lines and 29 KB, + 20 lines for LoRA and bytes in proportion
+    "kto_humanline.py": (500, 30_300),  # 480 lines and 29 KB, + 20 lines for LoRA and bytes in proportion, + 100 bytes:
+    # a short round's examples join the next round's
     "grpo_humanline.py": (580, 35_400),  # 560 and 34 KB, + 20 for LoRA, + 200 bytes: a short sampling retried
 }
 MODULE_BUDGET = 925  # plumbing.py's lines, as ruff formats it: 900, + 25 for the real-model stops and export

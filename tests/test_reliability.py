@@ -945,6 +945,30 @@ def test_a_round_that_keeps_too_few_pairs_is_followed_by_the_next_one(script, tm
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
+def test_a_short_rounds_pairs_join_the_next_rounds(script, tmp_path, toy):
+    """No step follows a round too short for a batch, so its pairs are still the policy's own: they join the next
+    round's instead of being thrown away (SmolLM2's online DPO threw away 135 pairs in 67 short rounds of 87). Two
+    rounds, each short of a batch of 8 pairs (KTO: 8 examples; GRPO: 8 sequences), make one together: the first step
+    follows the second round, not a third."""
+    import tests.faulty_rewards as faulty
+
+    keep = [3, 6] if script.startswith("dpo") else [1, 3]  # pairs: 3 and 6 of 8; 2 and 6 of 8 examples (sequences)
+    faulty.few_pairs_at_first.calls, faulty.few_pairs_at_first.keep = 0, keep
+    scorer = [
+        "--reward_funcs" if script.startswith("grpo") else "--reward_model",
+        "tests.faulty_rewards:few_pairs_at_first",
+    ]
+    run_here(
+        script,
+        [*PAIRS_ONLINE[script], "--max_steps", "1", "--save_every", "0", "--eval_prompts", "none", *scorer],
+        tmp_path,
+    )
+    sampled = [r for r in records(str(tmp_path)) if "online/round" in r and "online/seconds" in r]
+    assert [r.get("online/pairs", r.get("online/groups")) for r in sampled] == keep
+    assert all(r["step"] == 0 for r in sampled) and len(steps(str(tmp_path))) == 1
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_a_whole_pass_of_prompts_without_a_batch_of_pairs_stops_in_one_line(script, tmp_path, toy):
     prompts = tmp_path / "prompts.jsonl"
     with open(toy.prompts_train) as f:
