@@ -845,6 +845,10 @@ def provenance_line(rows):
         + (f"; {dirty} with uncommitted changes to it" if dirty else "")
         + f"), torch {', '.join(versions['torch'])}, "
         f"transformers {', '.join(versions['transformers'])}."
+        + "".join(  # a table of mixed code (--mix_code): which rows ran which
+            f" Code {v}: {', '.join(r['config'] for r in rows if v in code_versions([r]))}."
+            for v in (versions["code"] if len(versions["code"]) > 1 else [])
+        )
     )
 
 
