@@ -32,9 +32,9 @@ whole process's CPU time (start-up and load, the same for every row, included), 
 Measured: each configuration runs in a fresh process (one thread on CPU) for --steps optimizer steps, timed by the
 scripts' own perf/ metrics (the step's wall time and CPU time: data, forwards, backward, update; not logging or
 checkpoints). A run's step time is its mean over all its steps, so that the reference log-probs a
-reference-free run computes ahead (at step 0 and at each sync) count; a configuration's step time is the fastest
-such mean over --repeats runs interleaved with the other configurations (the median is in the jsonl): other
-processes on a shared machine only ever add time. On CPU the ratios are of CPU times (a
+reference-free run computes at each sync count (not yet those before its first step: see side_by_side); a
+configuration's step time is the fastest such mean over --repeats runs interleaved with the other configurations
+(the median is in the jsonl): other processes on a shared machine only ever add time. On CPU the ratios are of CPU times (a
 one-thread process's CPU time is close to its wall time on a quiet core, while its wall time on a shared one
 mostly measures the neighbours; both are in the table), on a GPU of wall times. Peak memory is the scripts'
 perf/peak_memory_gib: on CPU the process's peak resident set size, from a separate 3-step run with glibc told
@@ -562,9 +562,10 @@ def grpo_side_by_side(opts, device, workdir):
 
 def side_by_side(opts, device, workdir):
     """Every configuration of SIDE_BY_SIDE, --repeats times interleaved (A B C ... A B C ...), each run in a fresh
-    process. A run's step time is its mean over all --steps steps (so the reference log-probs computed ahead, at step
-    0 and at each sync, count), and each ratio to TRL is taken within one repeat: its median and range over the
-    repeats are reported. Peak memory from a separate 3-step run of each (see the docstring)."""
+    process. A run's step time is its mean over all --steps steps (the reference log-probs computed at each sync
+    count; those a reference-free run computes before its first step do not yet: docs/benchmarks.md, SmolLM2), and
+    each ratio to TRL is taken within one repeat: its median and range over the repeats are reported. Peak memory
+    from a separate 3-step run of each (see the docstring)."""
     model = opts.models[0]
     path = model_path(model)
     batch = BATCH[model]["dpo"]
