@@ -35,8 +35,8 @@ checkpoints). A run's step time is its mean over all its steps, so that the refe
 reference-free run computes at each sync count (not yet those before its first step: see side_by_side); a
 configuration's step time is the fastest such mean over --repeats runs interleaved with the other configurations
 (the median is in the jsonl): other processes on a shared machine only ever add time. On CPU the ratios are of
-CPU times (a one-thread process's CPU time is close to its wall time on a quiet core, while its wall time on a shared one
-mostly measures the neighbours; both are in the table), on a GPU of wall times. Peak memory is the scripts'
+CPU times (a one-thread process's CPU time is close to its wall time on a quiet core, while its wall time on a shared
+one mostly measures the neighbours; both are in the table), on a GPU of wall times. Peak memory is the scripts'
 perf/peak_memory_gib: on CPU the process's peak resident set size, from a separate 3-step run with glibc told
 to map each allocation over 64 KiB on its own and to unmap it when freed (MALLOC_MMAP_THRESHOLD_; otherwise the
 allocator's fragmentation moves the peak by 0.1 GiB from run to run, and the page faults would slow the timed
