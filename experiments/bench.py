@@ -26,19 +26,19 @@ rows excepted, which train on what they sample):
 With --lora, LoRA adapters (rank 16 on every linear layer) beside full fine-tuning (offline, humanline k=1), offline
 and under humanline at k = 1 and 16, each with the reference held both ways: reference-free (the default) and as a
 second set of adapters (`--ref_free off`; never synced, the adapters disabled). The reference log-probs a
-reference-free run computes at step 0 fall before its first step, outside the step times: the "run CPU" column, the
-whole process's CPU time (start-up and load, the same for every row, included), counts them.
+reference-free run computes before its first step count in that step (run_in_process times them); the "run CPU"
+column is the whole process's CPU time (start-up and load, the same for every row, included).
 
 Measured: each configuration runs in a fresh process (one thread on CPU) for --steps optimizer steps, timed by the
 scripts' own perf/ metrics (the step's wall time and CPU time: data, forwards, backward, update; not logging or
 checkpoints). A run's step time is its mean over all its steps, so that the reference log-probs a
-reference-free run computes at each sync count (not yet those before its first step: see side_by_side); a
-configuration's step time is the fastest such mean over --repeats runs interleaved with the other configurations
-(the median is in the jsonl): other processes on a shared machine only ever add time. On CPU the ratios are of
-CPU times (a one-thread process's CPU time is close to its wall time on a quiet core, while its wall time on a shared
-one mostly measures the neighbours; both are in the table), on a GPU of wall times. Peak memory is the scripts'
-perf/peak_memory_gib: on CPU the process's peak resident set size, from a separate 3-step run with glibc told
-to map each allocation over 64 KiB on its own and to unmap it when freed (MALLOC_MMAP_THRESHOLD_; otherwise the
+reference-free run computes ahead count: at each sync, and before its first step (timed by run_in_process, added to
+that step); a configuration's step time is the fastest such mean over --repeats runs interleaved with the other
+configurations (the median is in the jsonl): other processes on a shared machine only ever add time. On CPU the
+ratios are of CPU times (a one-thread process's CPU time is close to its wall time on a quiet core, while its wall
+time on a shared one mostly measures the neighbours; both are in the table), on a GPU of wall times. Peak memory is
+the scripts' perf/peak_memory_gib: on CPU the process's peak resident set size, from a separate 3-step run with glibc
+told to map each allocation over 64 KiB on its own and to unmap it when freed (MALLOC_MMAP_THRESHOLD_; otherwise the
 allocator's fragmentation moves the peak by 0.1 GiB from run to run, and the page faults would slow the timed
 runs), so it is the peak of live memory: weights, gradients, optimizer state, activations, plus the interpreter
 and its libraries (the "python + libraries" figure is that part alone); on a GPU the most CUDA memory
@@ -475,6 +475,30 @@ def trl_grpo_worker(opts):
     return timing | {"peak_gib": peak_gib(device), "same_tokens": all(same) and len(fed) == len(dataset) * ours}
 
 
+def run_in_process(timing, samples, argv):
+    """A script's own main() on argv in this process, timing (wall and CPU seconds, written to `timing`) the reference
+    log-probs a reference-free run computes before its first step: its step times leave them out (TRL's
+    precompute_ref_log_probs pass is timed too). With `samples` (not "-"), GRPO's samples are kept (record_samples)."""
+    import ref_free
+
+    reset, ahead = ref_free.PolicyAsReference.reset, []
+
+    def timed_reset(self, policy, step):  # the first reset is the one before the loop (a run here never resumes)
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        reset(self, policy, step)
+        ahead.extend([] if ahead else [time.perf_counter() - t0, time.process_time() - cpu0])
+
+    ref_free.PolicyAsReference.reset = timed_reset
+    try:
+        if samples != "-":
+            return record_samples(samples, argv)
+        sys.argv = argv
+        __import__(os.path.basename(argv[0]).removesuffix(".py")).main()
+    finally:
+        with open(timing, "w") as f:
+            json.dump(ahead or [0.0, 0.0], f)
+
+
 def record_samples(path, argv):
     """grpo_humanline.py's own main() on argv, keeping each sampling's groups {prompt, prompt_ids, completions} in
     the order it trains on them (a group with a bad reward is left out, as the script does); written to path."""
@@ -562,10 +586,9 @@ def grpo_side_by_side(opts, device, workdir):
 
 def side_by_side(opts, device, workdir):
     """Every configuration of SIDE_BY_SIDE, --repeats times interleaved (A B C ... A B C ...), each run in a fresh
-    process. A run's step time is its mean over all --steps steps (the reference log-probs computed at each sync
-    count; those a reference-free run computes before its first step do not yet: docs/benchmarks.md, SmolLM2), and
-    each ratio to TRL is taken within one repeat: its median and range over the repeats are reported. Peak memory
-    from a separate 3-step run of each (see the docstring)."""
+    process. A run's step time is its mean over all --steps steps (so the reference log-probs computed ahead, before
+    the first step and at each sync, count), and each ratio to TRL is taken within one repeat: its median and range
+    over the repeats are reported. Peak memory from a separate 3-step run of each (see the docstring)."""
     model = opts.models[0]
     path = model_path(model)
     batch = BATCH[model]["dpo"]
@@ -718,11 +741,13 @@ def run_worker(kind, algo, model_path, batch, steps, device, memory=False, trl_o
 
 
 def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=False, record=None):
-    """The script in a fresh process (under record_samples when `record` names a file): its per-step metrics."""
+    """The script in a fresh process, its per-step metrics: timed runs under run_in_process, whose reference pass
+    before the first step is added to that step (samples kept when `record` names a file); memory runs alone."""
     out = tempfile.mkdtemp(dir=workdir)
+    timing = out + ".ahead.json"
     cmd = (
         [sys.executable]
-        + ([os.path.abspath(__file__), "--record", record] if record else [])
+        + ([] if memory else [os.path.abspath(__file__), "--in_process", timing, record or "-"])
         + [
             SCRIPTS[algo],
             "--model_name_or_path",
@@ -757,12 +782,13 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
         shutil.rmtree(out, ignore_errors=True)
     train = [r for r in records if "perf/step_seconds" in r]
     rounds = [r["online/seconds"] for r in records if "online/seconds" in r]
+    ahead = [0.0, 0.0] if memory else json.load(open(timing))  # (wall, CPU): the first step's share
     return {
-        "steps": [r["perf/step_seconds"] for r in train],
-        # the whole process's CPU time: start-up and load, what the steps leave out (the reference log-probs computed
-        # at step 0, before the first step), the steps, the final save
+        "steps": [r["perf/step_seconds"] + (i == 0) * ahead[0] for i, r in enumerate(train)],
+        # the whole process's CPU time: start-up and load, the steps, the final save
         "run_cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
-        "cpu": [r["perf/step_cpu_seconds"] for r in train],
+        "cpu": [r["perf/step_cpu_seconds"] + (i == 0) * ahead[1] for i, r in enumerate(train)],
+        "before_first_step": ahead,  # (wall, CPU), already in the first step
         "peak_gib": max(r["perf/peak_memory_gib"] for r in train),
         "round_s": statistics.median(rounds) if rounds else None,
         "round_total_s": sum(rounds),
@@ -993,8 +1019,8 @@ def main():
     p.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--samples", default="", help=argparse.SUPPRESS)
-    if sys.argv[1:2] == ["--record"]:  # a worker: the script, its samples kept
-        return record_samples(sys.argv[2], sys.argv[3:])
+    if sys.argv[1:2] == ["--in_process"]:  # a timed run: the script in this process
+        return run_in_process(sys.argv[2], sys.argv[3], sys.argv[4:])
     opts = p.parse_args()
     if opts.worker:
         opts.algo = opts.algos

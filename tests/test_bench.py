@@ -102,3 +102,13 @@ def test_the_real_model_trains_on_its_own_tasks_data_and_stops_in_one_line_when_
     monkeypatch.setattr(bench, "ROOT", str(tmp_path))
     with pytest.raises(SystemExit, match=r"^the real model is not made yet: python experiments/smollm2.py model$"):
         bench.model_path("smollm2")
+
+
+def test_the_reference_pass_before_the_first_step_counts_in_that_step(tmp_path):
+    """A reference-free run computes its reference log-probs for the steps up to its first sync before its loop,
+    outside the scripts' step times; the benchmark times that pass and adds it to the first step (as TRL's
+    precompute_ref_log_probs pass is counted), and a run with a reference model has none."""
+    free = bench.run_script("dpo", "toy", ["--offline"], 8, 2, "cpu", str(tmp_path))
+    two = bench.run_script("dpo", "toy", ["--offline", "--ref_free", "off"], 8, 2, "cpu", str(tmp_path))
+    assert free["before_first_step"][1] > 0 and two["before_first_step"] == [0.0, 0.0]
+    assert free["cpu"][0] > free["before_first_step"][1]
