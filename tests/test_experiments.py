@@ -539,13 +539,21 @@ def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_pat
         dest = tmp_path / os.path.relpath(f, "experiments/results")
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(open(os.path.join(ROOT, f), "rb").read())
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--report", "--results", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    for command in ([], ["--suite", "smollm2_sweep"], ["--suite", "smollm2", "--mix_code"]):  # as documented
+        out = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(ROOT, "experiments", "run.py"),
+                "--report",
+                *command,
+                "--results",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
     for f in tables:
         assert (tmp_path / os.path.relpath(f, "experiments/results")).read_text() == open(
             os.path.join(ROOT, f)
