@@ -112,3 +112,7 @@ def test_the_reference_pass_before_the_first_step_counts_in_that_step(tmp_path):
     two = bench.run_script("dpo", "toy", ["--offline", "--ref_free", "off"], 8, 2, "cpu", str(tmp_path))
     assert free["before_first_step"][1] > 0 and two["before_first_step"] == [0.0, 0.0]
     assert free["cpu"][0] > free["before_first_step"][1]
+    samples = str(tmp_path / "samples.jsonl")  # GRPO's on-policy rows keep their samples for TRL's runs, in-process too
+    on_policy = bench.run_script("grpo", "toy", ["--online"], 8, 1, "cpu", str(tmp_path), record=samples)
+    assert on_policy["before_first_step"] == [0.0, 0.0]  # nothing sampled before the loop: no reference pass
+    assert len(open(samples).readlines()) == 1  # 8 sequences: one group of the default 8
