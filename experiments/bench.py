@@ -778,11 +778,16 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
             raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
         with open(os.path.join(out, "metrics.jsonl")) as f:
             records = [json.loads(line) for line in f]
+        ahead = [0.0, 0.0]  # (wall, CPU) of the reference pass before the first step: that step's share
+        if not memory:
+            with open(timing) as f:
+                ahead = json.load(f)
     finally:
         shutil.rmtree(out, ignore_errors=True)
+        if os.path.exists(timing):
+            os.remove(timing)
     train = [r for r in records if "perf/step_seconds" in r]
     rounds = [r["online/seconds"] for r in records if "online/seconds" in r]
-    ahead = [0.0, 0.0] if memory else json.load(open(timing))  # (wall, CPU): the first step's share
     return {
         "steps": [r["perf/step_seconds"] + (i == 0) * ahead[0] for i, r in enumerate(train)],
         # the whole process's CPU time: start-up and load, the steps, the final save

@@ -6,7 +6,7 @@ import math
 import os
 import subprocess
 import sys
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -324,15 +324,21 @@ def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_pa
 def test_a_stopped_run_stops_the_suite_and_its_finished_runs_are_packed(tmp_path, monkeypatch):
     """A run of a suite fails or is stopped while an earlier one is still going: the runs still queued do not start (a
     real model's take an hour each), and what finished is packed."""
-    launched, packed = [], []
+    launched, packed, cancelled = [], [], threading.Event()
+
+    class Pool(run.ThreadPoolExecutor):  # says when the suite has cancelled its queued runs
+        def shutdown(self, *a, **kw):
+            cancelled.set()
+            super().shutdown(*a, **kw)
 
     def fake_launch(results, suite, name, script, flags, seed):
         launched.append(name)
-        if len(launched) == 1:  # the first run goes on for a while
-            time.sleep(1)
+        if len(launched) == 1:  # the first run goes on until the suite has stopped
+            cancelled.wait(timeout=30)
         elif len(launched) == 2:
             raise SystemExit(f"{name}: stopped")
 
+    monkeypatch.setattr(run, "ThreadPoolExecutor", Pool)
     monkeypatch.setattr(run, "launch", fake_launch)
     monkeypatch.setattr(run, "pack", lambda results, suite: packed.append(suite))
     monkeypatch.setattr(
