@@ -384,7 +384,9 @@ def main():
             short = short + 1 if len(state.round) < args.batch_size else 0
             few = f"{short} rounds in a row kept fewer pairs than a batch: raise --round_size"
             few += " or lower --reward_threshold"
-            plumbing.fail(short * args.round_size >= len(train_prompts), few)
+            if short * args.round_size >= len(train_prompts):  # a whole pass: no step can follow
+                session.end_early(few, eval_prompts and evaluate)
+                break
             continue
 
         # the step: per micro-batch one forward per model on chosen and rejected concatenated

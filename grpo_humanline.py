@@ -495,7 +495,9 @@ def main():
             session.log(record | {"online/seconds": time.time() - t0})
             short = 0 if len(state.round) >= args.batch_size else short + 1
             few = f"{short} samplings in a row gave less than a batch: raise --round_size"
-            plumbing.fail(short * per_round >= len(train_prompts), few + " or lower --reward_threshold")
+            if short * per_round >= len(train_prompts):  # a whole pass: no step can follow
+                session.end_early(few + " or lower --reward_threshold", eval_prompts and evaluate)
+                break
             continue
 
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens, micro-batches and processes

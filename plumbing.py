@@ -722,6 +722,15 @@ class Session:
         stuck = self.bad_streak >= self.args.max_bad_steps
         fail(stuck, message + "--learning_rate or --max_grad_norm, or look for bad data.")
 
+    def end_early(self, reason, evaluate):
+        """A whole pass over the prompts gave no batch (its policy passes, or fails, every one alike): no step can
+        follow. The run ends here as it would at --max_steps: evaluated, saved, its reason the last line printed."""
+        self.log({"step": self.state.step, "ended_early": 1} | (evaluate() if evaluate else {}))
+        self.save()
+        self.bar.close()
+        if self.rt.rank == 0:
+            print(f"training ends at step {self.state.step} of {self.args.max_steps}: {reason}", file=sys.stderr)
+
     def exit_after_signal(self):
         """After a SIGTERM or Ctrl-C, and the checkpoint saved after it: leave with exit code 0."""
         self.bar.close()

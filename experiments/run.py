@@ -450,7 +450,8 @@ def finished(run, max_steps):
     return (
         run is not None
         and "cpu_seconds" in run
-        and any(r.get("step") == max_steps and "eval/reward" in r for r in records(run))
+        # at --max_steps, or earlier where a whole pass of online prompts gave no batch (the script says so)
+        and any((r.get("step") == max_steps or r.get("ended_early")) and "eval/reward" in r for r in records(run))
     )
 
 

@@ -969,22 +969,26 @@ def test_a_short_rounds_pairs_join_the_next_rounds(script, tmp_path, toy):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_a_whole_pass_of_prompts_without_a_batch_of_pairs_stops_in_one_line(script, tmp_path, toy):
+def test_a_whole_pass_of_prompts_without_a_batch_of_pairs_ends_the_run_saved_in_one_line(script, tmp_path, toy):
     prompts = tmp_path / "prompts.jsonl"
     with open(toy.prompts_train) as f:
         prompts.write_text("".join(f.readlines()[:64]))
     scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model", "tests.faulty_rewards:ties"]
-    flags = [*PAIRS_ONLINE[script], "--dataset", str(prompts), "--max_steps", "2", "--eval_prompts", "none", *scorer]
+    flags = [*PAIRS_ONLINE[script], "--dataset", str(prompts), "--max_steps", "2", "--num_eval_prompts", "8", *scorer]
     proc = run(script, flags, tmp_path / "run")
-    assert proc.returncode != 0
+    assert proc.returncode == 0, proc.stderr[-2000:]
     word = "samplings" if script.startswith("grpo") else "rounds"
     unit = {"dpo": "pairs", "kto": "examples", "grpo": ""}[script.split("_")[0]]
     assert (
         proc.stderr.strip()
         .splitlines()[-1]
         .endswith(  # after the progress bar, when it shares the line
-            f"2 {word} in a row "
+            f"training ends at step 0 of 2: 2 {word} in a row "
             + (f"kept fewer {unit} than a batch" if unit else "gave less than a batch")
             + ": raise --round_size or lower --reward_threshold"
         )
     ), proc.stderr[-2000:]
+    # the run ended as at --max_steps: evaluated, its last record saying so, and the model saved in --output_dir
+    last = records(str(tmp_path / "run"))[-1]
+    assert last["step"] == 0 and last["ended_early"] == 1 and "eval/reward" in last
+    assert os.path.exists(tmp_path / "run" / "config.json") and os.path.isdir(tmp_path / "run" / "checkpoint-0")
