@@ -273,6 +273,19 @@ def test_the_archive_holds_every_finished_run_byte_stably(tmp_path):
     assert open(os.path.join(results, "main.tar.gz"), "rb").read() == first
 
 
+def test_a_run_that_ended_early_evaluated_counts_as_finished(tmp_path):
+    # an online run whose whole pass of prompts gave no batch ends before --max_steps with a last evaluation
+    results = str(tmp_path)
+    fake_run(results, "main", "dpo online", 0, [(0, 0.3), (26, 0.9)])
+    key = run.run_key("dpo online", 0)
+    metrics = os.path.join(results, "runs", "main", key, "metrics.jsonl")
+    lines = open(metrics).read().splitlines()
+    open(metrics, "w").write("\n".join([lines[0], json.dumps(json.loads(lines[1]) | {"ended_early": 1})]) + "\n")
+    assert run.finished(run.load_runs(results, "main")[key], 120)
+    open(metrics, "w").write(lines[0] + "\n" + json.dumps({"step": 26, "ended_early": 1}) + "\n")  # no evaluation
+    assert not run.finished(run.load_runs(results, "main")[key], 120)
+
+
 def test_an_unfinished_run_is_redone(tmp_path):
     results = str(tmp_path)
     fake_run(results, "main", "dpo offline", 0, [(0, 0.3), (60, 0.4)])  # stopped before its last evaluation
