@@ -1201,6 +1201,17 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
             )  # the same on every machine
             f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args")}) + "\n")
     lines = [f"# {suite}", "", provenance_line(rows), "", *([extra, ""] if extra else [])]
+    runs = load_runs(results, suite)  # online runs whose whole pass of prompts gave no batch end early, evaluated
+    early = [
+        f"{name} seed {seed} at step {r['step']}"
+        for name, _, flags, seeds in configs
+        for seed in seeds
+        if finished(runs.get(run_key(name, seed)), max_steps_of(flags))
+        for r in records(runs[run_key(name, seed)])
+        if r.get("ended_early")
+    ]
+    if early:
+        lines += [f"Ended before their last step, a whole pass of prompts giving no batch: {', '.join(early)}.", ""]
     if suite == "sweep":
         lines += sweep_tables(rows, starting_reward("valid"))
     elif suite == "instances":

@@ -282,6 +282,11 @@ def test_a_run_that_ended_early_evaluated_counts_as_finished(tmp_path):
     lines = open(metrics).read().splitlines()
     open(metrics, "w").write("\n".join([lines[0], json.dumps(json.loads(lines[1]) | {"ended_early": 1})]) + "\n")
     assert run.finished(run.load_runs(results, "main")[key], 120)
+    run.report(results, "main", [("dpo online", "dpo_humanline.py", ["--online"], [0])])
+    table = open(os.path.join(results, "main.md")).read()
+    assert (
+        "Ended before their last step, a whole pass of prompts giving no batch: dpo online seed 0 at step 26." in table
+    )
     open(metrics, "w").write(lines[0] + "\n" + json.dumps({"step": 26, "ended_early": 1}) + "\n")  # no evaluation
     assert not run.finished(run.load_runs(results, "main")[key], 120)
 
