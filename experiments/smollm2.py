@@ -6,6 +6,7 @@ constraints, for the experiments.
     python experiments/smollm2.py baseline   # the starting model's success on the held-out prompts (2 minutes)
     python experiments/smollm2.py pairs      # rewrites experiments/smollm2/pairs.jsonl, the offline data (40 min)
     python experiments/smollm2.py memory     # the memory plan against the measured peak on its shape (25 min)
+    python experiments/smollm2.py samples --model OUTPUT_DIR   # a trained model's test success and completions
 
 The offline data is what a user would have: `pairs` samples 4 completions of each of the first 1,024 training
 prompts from the starting model (temperature 0.7, top-p 0.95, at most 48 new tokens, the scripts' own generation) and
@@ -161,9 +162,9 @@ def make_model(out=MODEL_DIR):
     return out
 
 
-def baseline(model=MODEL_DIR, max_new_tokens=48):
-    """The starting model's success (mean reward, greedy, as a run's step-0 evaluation computes it) on the validation
-    and test prompts, through the scripts' own loading, generation and scoring; written to baseline.json."""
+def greedy(model, splits, max_new_tokens=48):
+    """Per split: (its rows, their greedy completions' texts, their scores, how many were cut), through the scripts'
+    own loading, generation and scoring, as a run's evaluation computes them."""
     import dpo_humanline
     import plumbing
 
@@ -173,20 +174,42 @@ def baseline(model=MODEL_DIR, max_new_tokens=48):
     tokenizer, _ = plumbing.load_tokenizer(args)
     policy = dpo_humanline.load_model(args, None, rt)
     scorers = [("reward", 1.0, plumbing.make_scorer(args.reward_model, args, rt))]
-    found = {}
-    for split in ("valid", "test"):
+    for split in splits:
         args.eval_prompts, args.num_eval_prompts = os.path.join(DATA_DIR, f"{split}.jsonl"), SPLITS[split]
         rows = plumbing.load_data(args, "eval", tokenizer, None, rt)
         groups, record = plumbing.sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")
-        by_kind = {}
-        for row, _, _, (score,) in groups:
-            by_kind.setdefault(row["constraint"].partition(":")[0], []).append(score)
-        by_kind = {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())}
-        success, cut = round(record["eval/reward"], 4), record["eval/truncated_completions"]
-        found[split] = {"success": success, "prompts": len(rows), "by_constraint": by_kind, "cut": cut}
-        print(f"{split}: success {success:.3f} over {len(rows)} prompts; by constraint {by_kind}; {cut} cut")
+        texts = [tokenizer.decode(g[2][0], skip_special_tokens=True) for g in groups]
+        yield split, [g[0] for g in groups], texts, [g[3][0] for g in groups], record["eval/truncated_completions"]
+
+
+def by_constraint(rows, scores):
+    kinds = {}
+    for row, score in zip(rows, scores):
+        kinds.setdefault(row["constraint"].partition(":")[0], []).append(score)
+    return {k: round(sum(v) / len(v), 3) for k, v in sorted(kinds.items())}
+
+
+def baseline(model=MODEL_DIR, max_new_tokens=48):
+    """The starting model's success (mean reward, greedy) on the validation and test prompts: baseline.json."""
+    found = {}
+    for split, rows, texts, scores, cut in greedy(model, ("valid", "test"), max_new_tokens):
+        success, kinds = round(sum(scores) / len(scores), 4), by_constraint(rows, scores)
+        found[split] = {"success": success, "prompts": len(rows), "by_constraint": kinds, "cut": cut}
+        print(f"{split}: success {success:.3f} over {len(rows)} prompts; by constraint {kinds}; {cut} cut")
     with open(os.path.join(DATA_DIR, "baseline.json"), "w") as f:
         json.dump(found | {"max_new_tokens": max_new_tokens, "decoding": "greedy"}, f, indent=2)
+
+
+def samples(model, show=2):
+    """A model's greedy success on the test prompts by constraint, and its first `show` completions of each kind:
+    what its reward means (the reward checks the constraint only, not the topic or that it is a sentence)."""
+    for _, rows, texts, scores, _ in greedy(model, ("test",)):
+        print(f"test: success {sum(scores) / len(scores):.3f}; by constraint {by_constraint(rows, scores)}")
+        for kind in sorted({r["constraint"].partition(":")[0] for r in rows}):
+            mine = [i for i, r in enumerate(rows) if r["constraint"].startswith(kind)][:show]
+            for i in mine:
+                prompt = rows[i]["prompt"][-1]["content"]  # the user's turn
+                print(f"- {prompt!r} -> {texts[i].strip()!r} ({scores[i]:.0f})")
 
 
 def make_pairs(model=MODEL_DIR, n_prompts=1024, samples=4, max_new_tokens=48, seed=0):
@@ -256,7 +279,9 @@ def memory(out=os.path.join(DATA_DIR, "memory.md")):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["model", "prompts", "baseline", "pairs", "memory"], help="what to make")
+    commands = ["model", "prompts", "baseline", "pairs", "memory", "samples"]
+    parser.add_argument("command", choices=commands, help="what to make (samples: what --model writes)")
+    parser.add_argument("--model", default=MODEL_DIR, help="samples: a trained model's folder")
     args = parser.parse_args()
     if args.command == "model":
         make_model()
@@ -266,6 +291,8 @@ def main():
         make_pairs()
     elif args.command == "memory":
         memory()
+    elif args.command == "samples":
+        samples(args.model)
     else:
         baseline()
 
