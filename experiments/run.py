@@ -848,7 +848,7 @@ def provenance_line(rows):
         + f"), torch {', '.join(versions['torch'])}, "
         f"transformers {', '.join(versions['transformers'])}."
         + "".join(  # a table of mixed code (--mix_code): which rows ran which
-            f" Code {v}: {', '.join(r['config'] for r in rows if v in code_versions([r]))}."
+            f" Code {v}: {'; '.join(r['config'] for r in rows if v in code_versions([r]))}."  # names hold commas
             for v in (versions["code"] if len(versions["code"]) > 1 else [])
         )
     )

@@ -209,7 +209,7 @@ def test_a_table_refuses_runs_of_two_code_versions(tmp_path):
     for seed in seeds:  # a second row, all of the old code: the table says which rows ran which version
         fake_run(results, "main", other, seed, [(120, 0.5)], code="old")
     run.report(results, "main", dpo_main(results)[:2], mix_code=True)
-    assert f"Code new: {name}. Code old: {name}, {other}." in open(os.path.join(results, "main.md")).read()
+    assert f"Code new: {name}. Code old: {name}; {other}." in open(os.path.join(results, "main.md")).read()
 
 
 def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_is_complete(tmp_path):
