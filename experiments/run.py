@@ -7,7 +7,7 @@
     python experiments/run.py --quick              # each code path of every toy suite, 2 steps (about 2.5 minutes)
     python experiments/run.py --suite main --only "dpo offline" --new_seed 7   # rerun rows with an unused seed
     python experiments/run.py --suite smollm2_sweep && python experiments/run.py --suite smollm2   # a real model
-    python experiments/run.py --report --suite smollm2 --mix_code   # its table (two versions of the code: see it)
+    python experiments/run.py --report --suite smollm2 --mix_code   # its table (three versions of the code: see it)
 
 The order matters: `sweep` trains each of the 12 variants (DPO, KTO, GRPO x offline, offline+humanline, online,
 online+humanline) at five learning rates (0.25x-4x the paper's, its Table 3), 3 seeds each, scored on the toy's

