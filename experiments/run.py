@@ -317,9 +317,10 @@ def suites(results, chosen):
         ("grpo off-policy+humanline", "grpo_humanline.py", off + ["--humanline"], "grpo online", 1),
     ]
     adapters = ["--lora_r", "16"]
-    more += [
-        (f"{a} offline+humanline, LoRA", f"{a}_humanline.py", smol_flags(a, m) + adapters, f"{a} {m}", 10)
-        for a, m in (("dpo", "offline+humanline"), ("grpo", "offline+humanline"))
+    more += [  # KTO at DPO's rate, as above
+        (f"{a} {m}, LoRA", f"{a}_humanline.py", smol_flags(a, m) + adapters, f"{rate} {m}", 10)
+        for a, m, rate in (("dpo", "offline+humanline", "dpo"), ("grpo", "offline+humanline", "grpo"))
+        + (("kto", "offline+humanline", "dpo"),)
     ]
     smollm2 += [
         (name, script, flags + lr_flags(factor * chosen[f"smollm2 {rate}"]) + SMOL_TEST, (0,))
