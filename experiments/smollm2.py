@@ -6,7 +6,7 @@ constraints, for the experiments.
     python experiments/smollm2.py baseline   # the starting model's success on the held-out prompts (2 minutes)
     python experiments/smollm2.py pairs      # rewrites experiments/smollm2/pairs.jsonl, the offline data (40 min)
     python experiments/smollm2.py memory     # the memory plan against the measured peak on its shape (25 min)
-    python experiments/smollm2.py samples --model OUTPUT_DIR   # a trained model's test success and completions
+    python experiments/smollm2.py samples --model OUTPUT_DIR --name "dpo online"   # what a trained model writes
 
 The offline data is what a user would have: `pairs` samples 4 completions of each of the first 1,024 training
 prompts from the starting model (temperature 0.7, top-p 0.95, at most 48 new tokens, the scripts' own generation) and
@@ -207,14 +207,21 @@ def on_topic(prompt, text):
     return topic.removesuffix("s") in text.lower() and len(words(text)) >= 5
 
 
-def samples(model, show=2):
+def samples(model, name, show=2, out=os.path.join(ROOT, "experiments", "results", "smollm2_samples.md")):
     """A model's greedy success on the test prompts by constraint, how much of it also names the topic in 5 words or
-    more, and its first `show` completions of each kind: the reward checks the constraint only."""
+    more, and its first `show` completions of each kind: the reward checks the constraint only. Its row (`name`,
+    both rates, its first completion) is added to `out`, a table for docs/results.md."""
     for _, rows, texts, scores, _ in greedy(model, ("test",)):
         prompts = [r["prompt"][-1]["content"] for r in rows]
         kept = [s == 1.0 and on_topic(p, t) for p, t, s in zip(prompts, texts, scores)]
-        print(f"test: success {sum(scores) / len(scores):.3f}; by constraint {by_constraint(rows, scores)}")
-        print(f"test: success naming the topic in 5 words or more {sum(kept) / len(kept):.3f}")
+        success, named = sum(scores) / len(scores), sum(kept) / len(kept)
+        print(f"test: success {success:.3f}; by constraint {by_constraint(rows, scores)}")
+        print(f"test: success naming the topic in 5 words or more {named:.3f}")
+        if not os.path.exists(out):
+            head = f"| model | test success | naming the topic in 5+ words | its answer to {prompts[0]!r} |"
+            open(out, "w").write(head + "\n|---|---|---|---|\n")
+        answer = json.dumps(texts[0].strip()[:60] + ("..." if len(texts[0].strip()) > 60 else ""))
+        open(out, "a").write(f"| {name} | {success:.3f} | {named:.3f} | {answer} |\n")
         for kind in sorted({r["constraint"].partition(":")[0] for r in rows}):
             mine = [i for i, r in enumerate(rows) if r["constraint"].startswith(kind)][:show]
             for i in mine:
@@ -291,6 +298,7 @@ def main():
     commands = ["model", "prompts", "baseline", "pairs", "memory", "samples"]
     parser.add_argument("command", choices=commands, help="what to make (samples: what --model writes)")
     parser.add_argument("--model", default=MODEL_DIR, help="samples: a trained model's folder")
+    parser.add_argument("--name", default="the starting model", help="samples: the model's row in its table")
     args = parser.parse_args()
     if args.command == "model":
         make_model()
@@ -301,7 +309,7 @@ def main():
     elif args.command == "memory":
         memory()
     elif args.command == "samples":
-        samples(args.model)
+        samples(args.model, args.name)
     else:
         baseline()
 

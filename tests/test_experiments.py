@@ -610,8 +610,10 @@ def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_t
         "grpo off-policy+humanline",
         "dpo offline+humanline, LoRA",
         "grpo offline+humanline, LoRA",
+        "kto offline+humanline, LoRA",
     ]
     assert run.rate_of(main["dpo offline+humanline, LoRA"][2]) == pytest.approx(1e-4)  # 10x its variant's
+    assert run.rate_of(main["kto offline+humanline, LoRA"][2]) == pytest.approx(1e-4)  # KTO: 10x DPO's
     finals = {
         "dpo offline": (0.30, 0.31, 0.29),
         "dpo offline+humanline": (0.40, 0.42, 0.41),
