@@ -1182,7 +1182,8 @@ def instance_tables(rows, main_rows):
 def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
     """Write `<suite>.md`, `<suite>.jsonl` and the plot from the suite's finished runs (instances and ablations also
     read the main suite's `main_rows`)."""
-    rows = summarize(load_runs(results, suite), configs)
+    runs = load_runs(results, suite)
+    rows = summarize(runs, configs)
     if not rows:
         print(f"{suite}: no finished runs yet")
         return rows
@@ -1202,8 +1203,7 @@ def report(results, suite, configs, main_rows=(), mix_code=False, extra=""):
             )  # the same on every machine
             f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args")}) + "\n")
     lines = [f"# {suite}", "", provenance_line(rows), "", *([extra, ""] if extra else [])]
-    runs = load_runs(results, suite)  # online runs whose whole pass of prompts gave no batch end early, evaluated
-    early = [
+    early = [  # online runs whose whole pass of prompts gave no batch end early, evaluated
         f"{name} seed {seed} at step {r['step']}"
         for name, _, flags, seeds in configs
         for seed in seeds
