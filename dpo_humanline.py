@@ -32,6 +32,7 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from types import SimpleNamespace
 from typing import Literal, Optional
 
@@ -43,6 +44,7 @@ import transformers
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import humanline_sampling
+import lora  # --lora_r: the reference without a second copy of the base (--ref_free off)
 import plumbing  # how a run is kept: checks, data formats, checkpoints, logging
 import ref_free  # the default reference (--ref_free on): no second model
 from plumbing import RunArgs, arg
@@ -72,7 +74,7 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     lora_target_modules: str = arg("all-linear", "all-linear, or names, e.g. q_proj,v_proj")
     learning_rate: float = arg(5e-6, "Peak learning rate (paper: 5e-6 offline, 2.5e-6 online).")
     warmup_ratio: float = arg(0.1, "Linear warmup over this fraction of the steps.")
-    lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0, or not.")
+    lr_scheduler: Literal["linear", "constant"] = arg("linear", "After warmup: decay to 0 or hold.")
     weight_decay: float = arg(0.01, "AdamW weight decay.")
     adam_eps: float = arg(1e-5, "AdamW epsilon.")
     max_grad_norm: float = arg(1.0, "Gradient clipping norm.")
@@ -142,12 +144,13 @@ class ReferenceModel:
     it, so that a sync copies each process's shards in place (no communication). The default
     (ref_free.py) holds the same reference without the copy, behind the same methods."""
 
-    def __init__(self, model, rt):
-        self.model, self.rt, self.seconds = model.eval().requires_grad_(False), rt, 0.0
+    def __init__(self, model, rt, temperature=1.0):  # of the log-probs (GRPO's --logps_temperature)
+        self.model, self.rt, self.temperature = model.eval().requires_grad_(False), rt, temperature
+        self.seconds = 0.0  # spent syncing since the last step's record
 
     @torch.no_grad()
     def logps(self, step, micro, inputs):  # of micro-batch `micro` of step `step`: collate's inputs
-        return token_logps(self.model, *inputs, self.rt.head_dtype, self.rt.logps_temperature)
+        return token_logps(self.model, *inputs, self.rt.head_dtype, self.temperature)
 
     @torch.no_grad()
     def sync(self, policy, step):  # the reference takes the policy's weights: a copy of each shard
@@ -246,10 +249,10 @@ def head_logps(h, targets, weight, bias, dtype, scale=1.0, softcap=None, tempera
 
 def best_worst_pairs(groups, threshold):
     """ALGO LOGIC: Algorithm 1's pairing: per prompt, the (best, worst) of its scored samples if
-    best - worst >= tau. groups: (prompt_ids, completions, scores), a None score (a bad reward)
-    left out. Returns groups of two."""
+    best - worst >= tau. groups: (prompt_ids, completions, scores, ...), a None score (a bad
+    reward) left out. Returns groups of two."""
     pairs = []
-    for p, completions, scores in groups:
+    for p, completions, scores, *_ in groups:
         ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
         if len(ranked) >= 2 and ranked[-1][0] - ranked[0][0] >= threshold and ranked[-1][1] != ranked[0][1]:
             pairs.append((p, [ranked[-1][1], ranked[0][1]], [ranked[-1][0], ranked[0][0]]))
@@ -258,7 +261,7 @@ def best_worst_pairs(groups, threshold):
 
 # distributed setup, models, optimizer
 def setup(args):
-    """Processes (torchrun sets RANK and WORLD_SIZE; without them one), device, dtypes, seeds."""
+    """rt, the runtime: processes (torchrun sets RANK, WORLD_SIZE; else one), device, dtypes, seeds."""
     distributed, cuda = "RANK" in os.environ, torch.cuda.is_available()
     if distributed:  # a dead or hung peer raises after --dist_timeout, never hangs
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=args.dist_timeout))
@@ -272,14 +275,13 @@ def setup(args):
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
     # a new context at each use: an autocast object entered inside itself stays on after
     rt.autocast = lambda: torch.autocast(device.type, dtype, enabled=dtype == torch.bfloat16)
-    rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 
 
-def load_model(args, toy, rt):
+def load_model(args, rt):
     """The policy (or the reference's copy). On several processes FSDP2: each decoder layer a shard
     group, gathered one at a time; process 0 reads the weights, the others receive their shards."""
-    model = plumbing.build_model(args, toy, rt)  # on several processes: on the meta device
+    model = plumbing.build_model(args, rt)  # LoRA's adapters too; on several processes: on the meta device
     if rt.distributed:
         # layers compute in --precision under autocast with the residual stream in fp32, as on one
         # GPU; norm weights stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference
@@ -292,8 +294,8 @@ def load_model(args, toy, rt):
                     fully_shard(norm, mp_policy=fp32)
                 fully_shard(module, mp_policy=layer)
         fully_shard(model, mp_policy=MixedPrecisionPolicy(rt.head_dtype, torch.float32))
-        plumbing.load_shards(model, args, toy, rt)
-    plumbing.check_logps(model, args, toy, rt, token_logps)  # a head token_logps misreads stops
+        plumbing.load_shards(model, args, rt)
+    plumbing.check_logps(model, args, rt, token_logps)  # a head token_logps misreads stops
     return model
 
 
@@ -307,24 +309,26 @@ def make_optimizer(policy, args):
 
 
 def main():
-    checks = lambda a, given: [  # noqa: E731
-        (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
-        (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
-    ]
+    def checks(a, given):  # DPO's own, beside parse_args' checks of every flag: (bad, its one line)
+        return [
+            (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
+            (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
+        ]
+
     args = plumbing.parse_args(Args, "dpo", checks)  # a bad flag stops with one line
-    rt = setup(args)
-    tokenizer, toy = plumbing.load_tokenizer(args)
+    rt = setup(args)  # the runtime: processes, device, dtypes
+    tokenizer = plumbing.load_tokenizer(args)
 
     # data: every row is checked before any model loads, so that bad data stops a run in seconds
     if args.offline:
-        rows = plumbing.load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size)
+        rows = plumbing.load_data(args, "preferences", tokenizer, rt, need=args.batch_size)
         train_pairs = [(p, c, r) for p, (c, r), _ in rows]
         plumbing.plan_run(args, len(train_pairs), args.batch_size, "pairs", rt.rank)
     else:  # at most one pair per prompt: a round whose prompts keep fewer gives fewer steps
-        train_prompts = plumbing.load_data(args, "prompts", tokenizer, toy, rt, need=args.round_size)
+        train_prompts = plumbing.load_data(args, "prompts", tokenizer, rt, need=args.round_size)
         plumbing.plan_run(args, len(train_prompts), args.batch_size, "prompts", rt.rank)
-    eval_prompts = plumbing.load_data(args, "eval", tokenizer, toy, rt)
-    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, bad_steps=0)
+    eval_prompts = plumbing.load_data(args, "eval", tokenizer, rt)
+    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0)
 
     def step_batch(s):  # step s's pairs: offline a function of s; online a slice of the round
         if args.offline:
@@ -337,12 +341,12 @@ def main():
         return forwards and [collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forwards]
 
     # models: the policy and its reference, the scorer; the optimizer and schedule
-    policy = load_model(args, toy, rt).train()
+    policy = load_model(args, rt).train()
     if args.ref_free == "off" and args.lora_r:  # LoRA: the base, with no adapters or the last sync's
         never_synced = args.offline and args.sync == "none"
-        reference = ref_free.AdapterReference(policy, token_logps, rt, frozen=never_synced)
+        reference = lora.AdapterReference(policy, token_logps, rt, frozen=never_synced)
     elif args.ref_free == "off":  # a second model, sharded exactly like the policy
-        reference = ReferenceModel(load_model(args, toy, rt), rt)
+        reference = ReferenceModel(load_model(args, rt), rt)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
         schedule = dict(sync=args.sync, sync_every=args.sync_every, max_steps=args.max_steps)
         reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule)
@@ -353,24 +357,23 @@ def main():
     sampling_gen = torch.Generator(rt.device).manual_seed(plumbing.stream_seed(args.seed, "rejection", rt.rank))
 
     session = plumbing.Session(args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference)
-    evaluate = lambda: plumbing.evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)  # noqa: E731
+    evaluate = partial(plumbing.evaluate, policy, tokenizer, scorer, eval_prompts, args, rt)
     if state.step == 0:  # (not when resuming)
         reference.reset(policy, step=0)  # the reference starts as the initial policy
-        if eval_prompts:  # every curve starts at the starting policy
+        if eval_prompts and args.eval_at_start:  # every curve starts at the starting policy
             session.log({"step": 0} | evaluate())
 
     update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
-    short = 0  # rounds in a row too short for a batch
+    bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
+    rounds_per_pass = math.ceil(len(train_prompts) / args.round_size) if args.online else None
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
             # ALGO LOGIC: Algorithm 1's round: the policy samples; (best, worst) pairs; reference reset
             order = plumbing.round_prompts(len(train_prompts), args.round_size, state.round_index, args.seed)
             rows, scorers = [train_prompts[i] for i in order], [(args.reward_model, 1.0, scorer)]
-            groups, record = plumbing.sample_and_score(
-                policy, tokenizer, scorers, rows, args.num_samples, args, state.round_index, rt
-            )
-            pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
+            groups, record = session.sample_round(scorers, rows, args.num_samples)
+            pairs = best_worst_pairs(groups, args.reward_threshold)
             # a short round trained no step: its pairs, still on-policy, join this one's
             kept = state.round if state.step == state.round_start else []
             state.round_index, state.round_start = state.round_index + 1, state.step
@@ -380,12 +383,9 @@ def main():
             reference.reset(policy, step=state.step)
             record = {"step": state.step, "online/round": state.round_index, "online/pairs": len(pairs)} | record
             session.log(record | {"online/kept_frac": len(pairs) / len(rows), "online/seconds": time.time() - t0})
-            # too few pairs (most prompts all passed, or all failed): the next round follows
-            short = short + 1 if len(state.round) < args.batch_size else 0
-            few = f"{short} rounds in a row kept fewer pairs than a batch: raise --round_size"
-            few += " or lower --reward_threshold"
-            if short * args.round_size >= len(train_prompts):  # a whole pass: no step can follow
-                session.end_early(few, eval_prompts and evaluate)
+            # fewer pairs than a batch: another round; a whole pass of such rounds ends the run
+            ready = len(state.round) >= args.batch_size
+            if session.end_of_round(ready, groups, rounds_per_pass, eval_prompts and evaluate):
                 break
             continue
 
@@ -398,7 +398,6 @@ def main():
                 ref_logps = reference.logps(state.step, micro, inputs)
                 policy_logps = token_logps(policy, *inputs, rt.head_dtype)
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
-            bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached
                 sample = humanline_sampling.apply_humanline_sampling
                 policy_logps, _ = sample(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)

@@ -40,6 +40,7 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from types import SimpleNamespace
 from typing import Literal, Optional
 
@@ -50,6 +51,7 @@ import transformers
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import humanline_sampling
+import lora  # --lora_r: the reference without a second copy of the base (--ref_free off)
 import math_rewards
 import plumbing  # how a run is kept: checks, data formats, checkpoints, logging
 import ref_free  # the default reference (--ref_free on): no second model
@@ -90,12 +92,8 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     beta: float = arg(0.01, "KL coefficient (k3 estimator, against --kl_baseline).")
     eps: Optional[float] = arg(None, "Ratio clip [1 - eps, 1 + eps]; 0.5 plain offline, else 0.15.")
     logps_temperature: float = arg(1.0, "Log-probs of logits / T (authors' math: sampling's T).")
-    advantage_std: Literal["population", "sample"] = arg(
-        "population", "std R in A: population, or sample (n - 1, + 1e-4: authors' math)."
-    )
-    kl_baseline: Literal["reference", "initial"] = arg(
-        "reference", "KL against the reference (the ratio's denominator) or the initial policy."
-    )
+    advantage_std: Literal["population", "sample"] = arg("population", "std R in A, or sample (n-1, +1e-4).")
+    kl_baseline: Literal["reference", "initial"] = arg("reference", "KL to the ratio's denominator or the initial.")
     seed: int = arg(0, "Random seed (data order, sampling).")
     # humanline
     sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(
@@ -119,7 +117,15 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     reward_threshold: float = arg(0.01, "--pairs_from_samples: keep a pair if best - worst >= tau.")
 
 
-# ALGO LOGIC: advantages and the loss (eq. 1, appendix C.1)
+# ALGO LOGIC: the groups, advantages and the loss (eq. 1, appendix C.1)
+def group_size(args):  # a pair offline and with --pairs_from_samples, else G samples of a prompt
+    return 2 if args.offline or args.pairs_from_samples else args.num_generations
+
+
+def on_policy(args):  # sampled every step and never synced: no reference is kept
+    return args.online and args.sample_every == 1 and not args.pairs_from_samples and args.sync == "none"
+
+
 def group_advantages(rewards, group_size, std="population"):
     """A_i = (R_i - mean R) / std R within each group (population std), rewards (n,) group after
     group. A group of equal rewards gets 0; one of two distinct rewards exactly -1, +1.
@@ -191,12 +197,13 @@ class ReferenceModel:
     it, so that a sync copies each process's shards in place (no communication). The default
     (ref_free.py) holds the same reference without the copy, behind the same methods."""
 
-    def __init__(self, model, rt):
-        self.model, self.rt, self.seconds = model.eval().requires_grad_(False), rt, 0.0
+    def __init__(self, model, rt, temperature=1.0):  # of the log-probs (GRPO's --logps_temperature)
+        self.model, self.rt, self.temperature = model.eval().requires_grad_(False), rt, temperature
+        self.seconds = 0.0  # spent syncing since the last step's record
 
     @torch.no_grad()
     def logps(self, step, micro, inputs):  # of micro-batch `micro` of step `step`: collate's inputs
-        return token_logps(self.model, *inputs, self.rt.head_dtype, self.rt.logps_temperature)
+        return token_logps(self.model, *inputs, self.rt.head_dtype, self.temperature)
 
     @torch.no_grad()
     def sync(self, policy, step):  # the reference takes the policy's weights: a copy of each shard
@@ -256,9 +263,19 @@ def group_sequences(groups, std="population"):
     return out
 
 
+def scored_groups(groups):
+    """ALGO LOGIC: a round's Groups as training groups, failed rewards left out, where two remain."""
+    out = []
+    for g in groups:
+        ok = [j for j, r in enumerate(g.scores) if r is not None]
+        if len(ok) >= 2:
+            out.append((g.prompt_ids, [g.completions[j] for j in ok], [g.scores[j] for j in ok]))
+    return out
+
+
 def forward_batches(batch, args, rank, world):
-    """Per micro-batch, (its sequences, their (prompt_ids, completion_ids))."""
-    return [(seqs, [s[:2] for s in seqs]) for seqs in micro_batches(batch, args, rank, world)]
+    """Per micro-batch, (its samples, their (prompt_ids, completion_ids))."""
+    return [(m, [s[:2] for s in m]) for m in micro_batches(batch, args, rank, world)]
 
 
 def collate(sequences, pad_id, device):
@@ -304,10 +321,10 @@ def head_logps(h, targets, weight, bias, dtype, scale=1.0, softcap=None, tempera
 
 def best_worst_pairs(groups, threshold):
     """ALGO LOGIC: Algorithm 1's pairing: per prompt, the (best, worst) of its scored samples if
-    best - worst >= tau. groups: (prompt_ids, completions, scores), a None score (a bad reward)
-    left out. Returns groups of two."""
+    best - worst >= tau. groups: (prompt_ids, completions, scores, ...), a None score (a bad
+    reward) left out. Returns groups of two."""
     pairs = []
-    for p, completions, scores in groups:
+    for p, completions, scores, *_ in groups:
         ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
         if len(ranked) >= 2 and ranked[-1][0] - ranked[0][0] >= threshold and ranked[-1][1] != ranked[0][1]:
             pairs.append((p, [ranked[-1][1], ranked[0][1]], [ranked[-1][0], ranked[0][0]]))
@@ -316,7 +333,7 @@ def best_worst_pairs(groups, threshold):
 
 # distributed setup, models, optimizer
 def setup(args):
-    """Processes (torchrun sets RANK and WORLD_SIZE; without them one), device, dtypes, seeds."""
+    """rt, the runtime: processes (torchrun sets RANK, WORLD_SIZE; else one), device, dtypes, seeds."""
     distributed, cuda = "RANK" in os.environ, torch.cuda.is_available()
     if distributed:  # a dead or hung peer raises after --dist_timeout, never hangs
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=args.dist_timeout))
@@ -330,14 +347,13 @@ def setup(args):
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
     # a new context at each use: an autocast object entered inside itself stays on after
     rt.autocast = lambda: torch.autocast(device.type, dtype, enabled=dtype == torch.bfloat16)
-    rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 
 
-def load_model(args, toy, rt):
+def load_model(args, rt):
     """The policy (or the reference's copy). On several processes FSDP2: each decoder layer a shard
     group, gathered one at a time; process 0 reads the weights, the others receive their shards."""
-    model = plumbing.build_model(args, toy, rt)  # on several processes: on the meta device
+    model = plumbing.build_model(args, rt)  # LoRA's adapters too; on several processes: on the meta device
     if rt.distributed:
         # layers compute in --precision under autocast with the residual stream in fp32, as on one
         # GPU; norm weights stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference
@@ -350,8 +366,8 @@ def load_model(args, toy, rt):
                     fully_shard(norm, mp_policy=fp32)
                 fully_shard(module, mp_policy=layer)
         fully_shard(model, mp_policy=MixedPrecisionPolicy(rt.head_dtype, torch.float32))
-        plumbing.load_shards(model, args, toy, rt)
-    plumbing.check_logps(model, args, toy, rt, token_logps)  # a head token_logps misreads stops
+        plumbing.load_shards(model, args, rt)
+    plumbing.check_logps(model, args, rt, token_logps)  # a head token_logps misreads stops
     return model
 
 
@@ -365,13 +381,12 @@ def make_optimizer(policy, args):
 
 
 def main():
-    def checks(a, given):
-        group = 2 if a.offline or a.pairs_from_samples else a.num_generations
+    def checks(a, given):  # GRPO's own, beside parse_args' checks: (bad, its one line)
+        group = group_size(a)
         online_only = a.offline and given & {"sample_every", "reward_funcs", "reward_weights"}
         pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
         funcs = (a.reward_funcs or "x").split(",")
         weights = (a.reward_weights or a.reward_funcs or "x").split(",")
-        on_policy = a.online and a.sample_every == 1 and not a.pairs_from_samples and a.sync == "none"
         idle_beta = "--beta: on-policy the KL is to the sampler, the policy itself, so 0; --kl_baseline initial"
         return [
             (a.num_generations < 2 or a.sample_every < 1, "--num_generations >= 2, --sample_every >= 1"),
@@ -382,9 +397,9 @@ def main():
             (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
             (a.batch_size % group, f"--batch_size {a.batch_size}: a multiple of the group size {group}"),
             (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
-            (on_policy and a.kl_baseline == "reference" and "beta" in given, idle_beta),
+            (on_policy(a) and a.kl_baseline == "reference" and "beta" in given, idle_beta),
             (a.kl_baseline == "initial" and a.beta == 0, "--kl_baseline initial acts only with --beta above 0"),
-            (on_policy and "ref_free" in given, "--ref_free: on-policy GRPO has no reference"),
+            (on_policy(a) and "ref_free" in given, "--ref_free: on-policy GRPO has no reference"),
         ]
 
     args = plumbing.parse_args(Args, "grpo", checks)  # a bad flag stops with one line
@@ -392,25 +407,23 @@ def main():
         args.eps = 0.5 if args.offline and args.sync == "none" and args.clip == "none" else 0.15
     args.reward_funcs = args.reward_funcs or ("toy" if args.pairs_from_samples else "toy_verify")
     args.reward_weights = args.reward_weights or math_rewards.default_weights(args.reward_funcs.split(","))
-    group_size = 2 if args.offline or args.pairs_from_samples else args.num_generations
-    per_sampling = args.sample_every * args.batch_size // group_size  # prompts
-    per_round = args.round_size if args.pairs_from_samples else per_sampling
-    rt = setup(args)
-    tokenizer, toy = plumbing.load_tokenizer(args)
+    # prompts a round samples: --round_size's (pairs), else --sample_every steps' groups
+    per_round = args.round_size if args.pairs_from_samples else args.sample_every * args.batch_size // group_size(args)
+    rt = setup(args)  # the runtime: processes, device, dtypes
+    tokenizer = plumbing.load_tokenizer(args)
 
     # data: every row is checked before any model loads: bad data stops a run in seconds
     if args.offline:  # ALGO LOGIC: Algorithm 2: a pair is a group of two, chosen ranked first
-        rows = plumbing.load_data(args, "preferences", tokenizer, toy, rt, need=args.batch_size // 2)
+        rows = plumbing.load_data(args, "preferences", tokenizer, rt, need=args.batch_size // 2)
         train_groups = [(p, cs, [1.0, 0.0]) for p, cs, _ in rows]
+        plumbing.plan_run(args, len(train_groups), args.batch_size // 2, "pairs", rt.rank)
     else:
-        train_prompts = plumbing.load_data(args, "prompts", tokenizer, toy, rt, need=per_round)
-    data = train_groups if args.offline else train_prompts
-    unit = "pairs" if args.offline else "prompts"
-    plumbing.plan_run(args, len(data), args.batch_size // group_size, unit, rt.rank)
-    eval_prompts = plumbing.load_data(args, "eval", tokenizer, toy, rt)
-    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, bad_steps=0)
+        train_prompts = plumbing.load_data(args, "prompts", tokenizer, rt, need=per_round)
+        plumbing.plan_run(args, len(train_prompts), args.batch_size // group_size(args), "prompts", rt.rank)
+    eval_prompts = plumbing.load_data(args, "eval", tokenizer, rt)
+    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0)
 
-    def step_batch(s):  # step s's sequences: offline a function of s; online a slice of the buffer
+    def step_batch(s):  # step s's sequences: offline a function of s; online a slice of the round
         if args.offline:
             pairs = offline_batch(train_groups, s, args.batch_size // 2, args.seed)
             return group_sequences(pairs, args.advantage_std)
@@ -422,28 +435,26 @@ def main():
         return forwards and [collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forwards]
 
     # models: the policy, its reference, the KL baseline, the scorers; the optimizer and schedule
-    policy = load_model(args, toy, rt).train()
-    # on-policy (sampling every step, no sync): the sampler is the policy as it stands, so the
-    # ratio's denominator is its own log-probs, detached: no reference
-    on_policy = args.online and args.sample_every == 1 and not args.pairs_from_samples and args.sync == "none"
-    reset_each_sampling = args.sync == "none" or args.pairs_from_samples  # else syncing spans them
-    if on_policy:
+    policy = load_model(args, rt).train()
+    T = args.logps_temperature  # the loss reads log-probs of logits / T (the authors' math: 0.7)
+    reset_each_round = args.sync == "none" or args.pairs_from_samples  # else syncing spans rounds
+    if on_policy(args):  # the ratio's denominator is the policy's own log-probs: no reference
         reference = None
     elif args.ref_free == "off" and args.lora_r:  # LoRA: the base, with no adapters or the last sync's
         never_synced = args.offline and args.sync == "none"
-        reference = ref_free.AdapterReference(policy, token_logps, rt, frozen=never_synced)
+        reference = lora.AdapterReference(policy, token_logps, rt, frozen=never_synced, temperature=T)
     elif args.ref_free == "off":  # a second model, sharded exactly like the policy
-        reference = ReferenceModel(load_model(args, toy, rt), rt)
+        reference = ReferenceModel(load_model(args, rt), rt, T)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
-        schedule = dict(sync=args.sync, sync_every=args.sync_every, max_steps=args.max_steps)
-        wait = args.online and not reset_each_sampling  # a sync may serve steps sampled later
+        schedule = dict(sync=args.sync, sync_every=args.sync_every, max_steps=args.max_steps, temperature=T)
+        wait = args.online and not reset_each_round  # a sync may serve steps sampled later
         reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule, wait=wait)
     base = None  # --kl_baseline initial: the frozen starting policy (unless the reference is it)
     if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
         if args.lora_r:  # the base with the adapters disabled: no second copy of it
-            base = ref_free.AdapterReference(policy, token_logps, rt, frozen=True)
+            base = lora.AdapterReference(policy, token_logps, rt, frozen=True, temperature=T)
         else:
-            base = ReferenceModel(load_model(args, toy, rt), rt)
+            base = ReferenceModel(load_model(args, rt), rt, T)
     funcs = zip(args.reward_funcs.split(","), args.reward_weights.split(",")) if args.online else []
     reward_fns = [(name, float(weight), plumbing.make_scorer(name, args, rt)) for name, weight in funcs]
     scorer = plumbing.make_scorer(args.reward_model, args, rt) if eval_prompts else None
@@ -453,50 +464,46 @@ def main():
     sampling_gen = torch.Generator(rt.device).manual_seed(plumbing.stream_seed(args.seed, "rejection", rt.rank))
 
     session = plumbing.Session(args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference)
-    evaluate = lambda: plumbing.evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)  # noqa: E731
+    evaluate = partial(plumbing.evaluate, policy, tokenizer, scorer, eval_prompts, args, rt)
     if state.step == 0:  # (not when resuming)
         if reference is not None:
             reference.reset(policy, step=0)  # the reference starts as the initial policy
-        if eval_prompts:  # every curve starts at the starting policy
+        if eval_prompts and args.eval_at_start:  # every curve starts at the starting policy
             session.log({"step": 0} | evaluate())
 
     update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
-    short = 0  # samplings in a row too short for a batch
+    bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
+    rounds_per_pass = math.ceil(len(train_prompts) / per_round) if args.online else None
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
-            # ALGO LOGIC: the buffer is spent: sample and score the next --sample_every steps' groups
-            # (or a round of pairs). The reference becomes the sampler (PPO's theta_old), unless
-            # syncing spans samplings
+            # ALGO LOGIC: the round is spent: sample the next (--sample_every steps' groups, or pairs);
+            # the reference becomes the sampler (PPO's theta_old), unless syncing spans rounds
             order = plumbing.round_prompts(len(train_prompts), per_round, state.round_index, args.seed)
             rows = [train_prompts[i] for i in order]
-            groups, record = plumbing.sample_and_score(
-                policy, tokenizer, reward_fns, rows, args.num_generations, args, state.round_index, rt
-            )
-            # a short sampling trained no step: its sequences, still on-policy, join this one's
+            groups, record = session.sample_round(reward_fns, rows, args.num_generations)
+            # a short round trained no step: its sequences, still on-policy, join this one's
             kept = state.round if state.step == state.round_start else []
             state.round_index, state.round_start = state.round_index + 1, state.step
             if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
-                pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
+                pairs = best_worst_pairs(groups, args.reward_threshold)
                 seed = plumbing.stream_seed(args.seed, "shuffle", state.round_index)
                 order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed))
-                groups = [pairs[i] for i in order.tolist()]
+                scored = [pairs[i] for i in order.tolist()]
                 record["online/kept_frac"] = len(pairs) / len(rows)
-            else:  # a group with a bad reward is left out whole: its advantages need every reward
-                groups = [g[1:] for g in groups if None not in g[3]]
-            seqs = group_sequences(groups, args.advantage_std)
-            state.round = kept + seqs
-            if reference is not None and reset_each_sampling:
+            else:
+                scored = scored_groups(groups)
+            state.round = kept + group_sequences(scored, args.advantage_std)
+            if reference is not None and reset_each_round:
                 reference.reset(policy, step=state.step)
             record = {"step": state.step, "online/round": state.round_index} | record
-            zero_std = sum(len(set(s)) == 1 for _, _, s in groups) / max(1, len(groups))
-            record |= {"online/groups": len(groups), "online/zero_std_frac": zero_std}
+            zero_std = sum(len(set(r)) == 1 for _, _, r in scored) / max(1, len(scored))
+            record |= {"online/groups": len(scored), "online/zero_std_frac": zero_std}
             record["online/steps"] = len(state.round) // args.batch_size
             session.log(record | {"online/seconds": time.time() - t0})
-            short = 0 if len(state.round) >= args.batch_size else short + 1
-            few = f"{short} samplings in a row gave less than a batch: raise --round_size"
-            if short * per_round >= len(train_prompts):  # a whole pass: no step can follow
-                session.end_early(few + " or lower --reward_threshold", eval_prompts and evaluate)
+            # less than a batch: another round; a whole pass of such rounds ends the run
+            ready = len(state.round) >= args.batch_size
+            if session.end_of_round(ready, groups, rounds_per_pass, eval_prompts and evaluate):
                 break
             continue
 
@@ -509,19 +516,18 @@ def main():
         n_tokens = max(1.0, n_tokens.item())
 
         # the step: a forward per model and micro-batch
-        sums, head = {}, (rt.head_dtype, rt.logps_temperature)
-        for micro, (seqs, sequences) in enumerate(forwards):
+        sums = {}
+        for micro, (samples, sequences) in enumerate(forwards):
             inputs = collate(sequences, tokenizer.pad_token_id, rt.device)
             with rt.autocast():
                 ref_logps = reference.logps(state.step, micro, inputs) if reference else None
                 base_logps = base.logps(state.step, micro, inputs) if base is not None else None
-                policy_logps = token_logps(policy, *inputs, *head)
-            if on_policy:
+                policy_logps = token_logps(policy, *inputs, rt.head_dtype, T)
+            if on_policy(args):
                 ref_logps = policy_logps.detach()
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
             # ALGO LOGIC: the ratio's denominator: the reference (frozen offline, synced under
             # --sync), online the sampler (PPO's theta_old); the KL baseline: it or the initial
-            bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             rejected = None
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached
                 reject = humanline_sampling.rejection_mask
@@ -531,7 +537,7 @@ def main():
                 ref_logps,
                 ref_logps if base is None else base_logps,
                 mask,
-                advantages=torch.tensor([s[2] for s in seqs], device=rt.device),
+                advantages=torch.tensor([s[2] for s in samples], device=rt.device),
                 eps=args.eps,
                 beta=args.beta,
                 log_eps_P=bounds[0],
@@ -543,7 +549,7 @@ def main():
             clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
             metrics |= {"tokens": mask.sum(), "completion_length": mask.sum(-1), "humanline/clamped_frac": clamped}
             if args.online:
-                metrics["reward"] = torch.tensor([s[3] for s in seqs])
+                metrics["reward"] = torch.tensor([s[3] for s in samples])
             plumbing.accumulate(sums, metrics)
 
         # the update (it syncs the reference); a non-finite loss skips it, a SIGTERM stops after it

@@ -38,6 +38,7 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from types import SimpleNamespace
 from typing import Literal, Optional
 
@@ -48,6 +49,7 @@ import transformers
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import humanline_sampling
+import lora  # --lora_r: the reference without a second copy of the base (--ref_free off)
 import plumbing  # how a run is kept: checks, data formats, checkpoints, logging
 import ref_free  # the default reference (--ref_free on): no second model
 from plumbing import RunArgs, arg
@@ -169,12 +171,13 @@ class ReferenceModel:
     it, so that a sync copies each process's shards in place (no communication). The default
     (ref_free.py) holds the same reference without the copy, behind the same methods."""
 
-    def __init__(self, model, rt):
-        self.model, self.rt, self.seconds = model.eval().requires_grad_(False), rt, 0.0
+    def __init__(self, model, rt, temperature=1.0):  # of the log-probs (GRPO's --logps_temperature)
+        self.model, self.rt, self.temperature = model.eval().requires_grad_(False), rt, temperature
+        self.seconds = 0.0  # spent syncing since the last step's record
 
     @torch.no_grad()
     def logps(self, step, micro, inputs):  # of micro-batch `micro` of step `step`: collate's inputs
-        return token_logps(self.model, *inputs, self.rt.head_dtype, self.rt.logps_temperature)
+        return token_logps(self.model, *inputs, self.rt.head_dtype, self.temperature)
 
     @torch.no_grad()
     def sync(self, policy, step):  # the reference takes the policy's weights: a copy of each shard
@@ -274,10 +277,10 @@ def head_logps(h, targets, weight, bias, dtype, scale=1.0, softcap=None, tempera
 
 def best_worst_pairs(groups, threshold):
     """ALGO LOGIC: Algorithm 1's pairing: per prompt, the (best, worst) of its scored samples if
-    best - worst >= tau. groups: (prompt_ids, completions, scores), a None score (a bad reward)
-    left out. Returns groups of two."""
+    best - worst >= tau. groups: (prompt_ids, completions, scores, ...), a None score (a bad
+    reward) left out. Returns groups of two."""
     pairs = []
-    for p, completions, scores in groups:
+    for p, completions, scores, *_ in groups:
         ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
         if len(ranked) >= 2 and ranked[-1][0] - ranked[0][0] >= threshold and ranked[-1][1] != ranked[0][1]:
             pairs.append((p, [ranked[-1][1], ranked[0][1]], [ranked[-1][0], ranked[0][0]]))
@@ -286,7 +289,7 @@ def best_worst_pairs(groups, threshold):
 
 # distributed setup, models, optimizer
 def setup(args):
-    """Processes (torchrun sets RANK and WORLD_SIZE; without them one), device, dtypes, seeds."""
+    """rt, the runtime: processes (torchrun sets RANK, WORLD_SIZE; else one), device, dtypes, seeds."""
     distributed, cuda = "RANK" in os.environ, torch.cuda.is_available()
     if distributed:  # a dead or hung peer raises after --dist_timeout, never hangs
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=args.dist_timeout))
@@ -300,14 +303,13 @@ def setup(args):
     rt.head_dtype = torch.float32 if args.fp32_head else dtype  # of the LM head and log-softmax
     # a new context at each use: an autocast object entered inside itself stays on after
     rt.autocast = lambda: torch.autocast(device.type, dtype, enabled=dtype == torch.bfloat16)
-    rt.logps_temperature = getattr(args, "logps_temperature", 1.0)  # GRPO's flag; 1 elsewhere
     return rt
 
 
-def load_model(args, toy, rt):
+def load_model(args, rt):
     """The policy (or the reference's copy). On several processes FSDP2: each decoder layer a shard
     group, gathered one at a time; process 0 reads the weights, the others receive their shards."""
-    model = plumbing.build_model(args, toy, rt)  # on several processes: on the meta device
+    model = plumbing.build_model(args, rt)  # LoRA's adapters too; on several processes: on the meta device
     if rt.distributed:
         # layers compute in --precision under autocast with the residual stream in fp32, as on one
         # GPU; norm weights stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference
@@ -320,8 +322,8 @@ def load_model(args, toy, rt):
                     fully_shard(norm, mp_policy=fp32)
                 fully_shard(module, mp_policy=layer)
         fully_shard(model, mp_policy=MixedPrecisionPolicy(rt.head_dtype, torch.float32))
-        plumbing.load_shards(model, args, toy, rt)
-    plumbing.check_logps(model, args, toy, rt, token_logps)  # a head token_logps misreads stops
+        plumbing.load_shards(model, args, rt)
+    plumbing.check_logps(model, args, rt, token_logps)  # a head token_logps misreads stops
     return model
 
 
@@ -335,28 +337,31 @@ def make_optimizer(policy, args):
 
 
 def main():
-    checks = lambda a, given: [  # noqa: E731
-        (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
-        (a.batch_size < 2, "--batch_size must be at least 2: z0 pairs examples with others' completions"),
-        (min(a.desirable_weight, a.undesirable_weight) <= 0, "--desirable_weight, --undesirable_weight > 0"),
-        (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
-    ]
+    def checks(a, given):  # KTO's own, beside parse_args' checks of every flag: (bad, its one line)
+        weights = (a.desirable_weight, a.undesirable_weight)  # lambda_D, lambda_U
+        return [
+            (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
+            (a.batch_size < 2, "--batch_size must be at least 2: z0 pairs examples with others' outputs"),
+            (min(weights) <= 0, f"--desirable_weight and --undesirable_weight must be above 0, got {weights}"),
+            (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
+        ]
+
     args = plumbing.parse_args(Args, "kto", checks)  # a bad flag stops with one line
-    rt = setup(args)
-    tokenizer, toy = plumbing.load_tokenizer(args)
+    rt = setup(args)  # the runtime: processes, device, dtypes
+    tokenizer = plumbing.load_tokenizer(args)
 
     # data: every row is checked before any model loads, so bad data stops a run in seconds
     if args.offline:
-        rows = plumbing.load_data(args, "examples", tokenizer, toy, rt)
+        rows = plumbing.load_data(args, "examples", tokenizer, rt)
         train_examples = [(p, c, d) for p, cs, ds in rows for c, d in zip(cs, ds)]
         few = f"{args.dataset}: {len(train_examples)} examples, fewer than a batch ({args.batch_size})"
         plumbing.fail(len(train_examples) < args.batch_size, few)
         plumbing.plan_run(args, len(train_examples), args.batch_size, "examples", rt.rank)
     else:  # at most one pair (two examples) per prompt: a round that keeps fewer gives fewer steps
-        train_prompts = plumbing.load_data(args, "prompts", tokenizer, toy, rt, need=args.round_size)
+        train_prompts = plumbing.load_data(args, "prompts", tokenizer, rt, need=args.round_size)
         plumbing.plan_run(args, len(train_prompts), args.batch_size // 2, "prompts", rt.rank)
-    eval_prompts = plumbing.load_data(args, "eval", tokenizer, toy, rt)
-    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0, bad_steps=0)
+    eval_prompts = plumbing.load_data(args, "eval", tokenizer, rt)
+    state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0)
 
     def step_batch(s):  # step s's examples: offline a function of s; online a slice of the round
         if args.offline:
@@ -369,12 +374,12 @@ def main():
         return forwards and [collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forwards]
 
     # models: the policy and its reference, the scorer; the optimizer and schedule
-    policy = load_model(args, toy, rt).train()
+    policy = load_model(args, rt).train()
     if args.ref_free == "off" and args.lora_r:  # LoRA: the base, with no adapters or the last sync's
         never_synced = args.offline and args.sync == "none"
-        reference = ref_free.AdapterReference(policy, token_logps, rt, frozen=never_synced)
+        reference = lora.AdapterReference(policy, token_logps, rt, frozen=never_synced)
     elif args.ref_free == "off":  # a second model, sharded exactly like the policy
-        reference = ReferenceModel(load_model(args, toy, rt), rt)
+        reference = ReferenceModel(load_model(args, rt), rt)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
         schedule = dict(sync=args.sync, sync_every=args.sync_every, max_steps=args.max_steps)
         reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule)
@@ -385,14 +390,15 @@ def main():
     sampling_gen = torch.Generator(rt.device).manual_seed(plumbing.stream_seed(args.seed, "rejection", rt.rank))
 
     session = plumbing.Session(args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference)
-    evaluate = lambda: plumbing.evaluate(policy, tokenizer, scorer, eval_prompts, args, rt)  # noqa: E731
+    evaluate = partial(plumbing.evaluate, policy, tokenizer, scorer, eval_prompts, args, rt)
     if state.step == 0:  # (not when resuming)
         reference.reset(policy, step=0)  # the reference starts as the initial policy
-        if eval_prompts:  # every curve starts at the starting policy
+        if eval_prompts and args.eval_at_start:  # every curve starts at the starting policy
             session.log({"step": 0} | evaluate())
 
     update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
-    short = 0  # rounds in a row too short for a batch
+    bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
+    rounds_per_pass = math.ceil(len(train_prompts) / args.round_size) if args.online else None
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
@@ -400,10 +406,8 @@ def main():
             # desirable and an undesirable example; the reference is reset
             order = plumbing.round_prompts(len(train_prompts), args.round_size, state.round_index, args.seed)
             rows, scorers = [train_prompts[i] for i in order], [(args.reward_model, 1.0, scorer)]
-            groups, record = plumbing.sample_and_score(
-                policy, tokenizer, scorers, rows, args.num_samples, args, state.round_index, rt
-            )
-            pairs = best_worst_pairs([g[1:] for g in groups], args.reward_threshold)
+            groups, record = session.sample_round(scorers, rows, args.num_samples)
+            pairs = best_worst_pairs(groups, args.reward_threshold)
             # a short round trained no step: its examples, still on-policy, join this one's
             kept = state.round if state.step == state.round_start else []
             state.round_index, state.round_start = state.round_index + 1, state.step
@@ -413,12 +417,9 @@ def main():
             reference.reset(policy, step=state.step)
             record = {"step": state.step, "online/round": state.round_index, "online/pairs": len(pairs)} | record
             session.log(record | {"online/kept_frac": len(pairs) / len(rows), "online/seconds": time.time() - t0})
-            # too few examples (most prompts all passed, or all failed): the next round follows
-            short = short + 1 if len(state.round) < args.batch_size else 0
-            few = f"{short} rounds in a row kept fewer examples than a batch: raise --round_size"
-            few += " or lower --reward_threshold"
-            if short * args.round_size >= len(train_prompts):  # a whole pass: no step can follow
-                session.end_early(few, eval_prompts and evaluate)
+            # fewer examples than a batch: another round; a whole pass of such rounds ends the run
+            ready = len(state.round) >= args.batch_size
+            if session.end_of_round(ready, groups, rounds_per_pass, eval_prompts and evaluate):
                 break
             continue
 
@@ -435,7 +436,6 @@ def main():
                 policy_logps = token_logps(policy, *(x[:n] for x in inputs), rt.head_dtype)
             policy_logps = torch.cat([policy_logps, kl_logps])
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
-            bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached
                 sample = humanline_sampling.apply_humanline_sampling
                 policy_logps, _ = sample(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)

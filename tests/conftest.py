@@ -33,7 +33,7 @@ def make_session(module, out, policy, ref, opt, sched, tok, resume=False, step=0
     `ref` a reference model (the script's ReferenceModel holds it) or None."""
     args = module.Args(output_dir=str(out), resume=resume, save_total_limit=0)  # (parse_args fills unset ones)
     rt = SimpleNamespace(rank=0, world=1, device=torch.device("cpu"), distributed=False)
-    state = SimpleNamespace(step=step, round_index=0, round=[], round_start=0, bad_steps=0)
+    state = SimpleNamespace(step=step, round_index=0, round=[], round_start=0)
     reference = module.ReferenceModel(ref, rt) if ref is not None else None
     handler = signal.getsignal(signal.SIGTERM)
     try:

@@ -76,16 +76,16 @@ def step0_log_ratio(reference_free, precision="bf16"):
     args = dpo.Args(precision=precision, ref_free="on" if reference_free else "off", max_steps=1, micro_batch_size=8)
     args.sync, args.clip = "humanline", "clamp"
     rt = dpo.setup(args)
-    tokenizer, toy = plumbing.load_tokenizer(args)
-    pairs = [(p, c, r) for p, (c, r), _ in plumbing.load_data(args, "preferences", tokenizer, toy, rt)]
+    tokenizer = plumbing.load_tokenizer(args)
+    pairs = [(p, c, r) for p, (c, r), _ in plumbing.load_data(args, "preferences", tokenizer, rt)]
     forwards = dpo.forward_batches(dpo.offline_batch(pairs, 0, args.batch_size, args.seed), args, 0, 1)
     inputs = [dpo.collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forwards]
-    policy = dpo.load_model(args, toy, rt).to(rt.device).train()
+    policy = dpo.load_model(args, rt).to(rt.device).train()
     if reference_free:
         batches = lambda s: inputs if s == 0 else None  # noqa: E731
         reference = ref_free.PolicyAsReference(policy, batches, dpo.token_logps, rt, "humanline", 1, 1)
     else:
-        reference = dpo.ReferenceModel(dpo.load_model(args, toy, rt).to(rt.device), rt)
+        reference = dpo.ReferenceModel(dpo.load_model(args, rt).to(rt.device), rt)
     reference.reset(policy, step=0)
     worst = 0.0
     for micro, x in enumerate(inputs):
@@ -118,7 +118,7 @@ def fsdp(model_dir, out):
     loaded = {}
     check = plumbing.check_logps
     with mock.patch.object(plumbing, "check_logps", lambda *a: loaded.setdefault("peak", rss()[1]) and check(*a)):
-        policy = dpo.load_model(args, None, rt)
+        policy = dpo.load_model(args, rt)
     result["load_rss_growth"] = loaded["peak"] - before
     full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rt.rank == 0:  # the loaded shards, gathered, are the file's weights

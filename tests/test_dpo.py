@@ -279,7 +279,7 @@ def test_the_reference_free_reference_is_the_policy_optimizer_step_syncs_it_to(m
     policy = torch.nn.Linear(1, 1, bias=False)
     policy.weight.data.fill_(float(reset))
     rt = SimpleNamespace(rank=0, device=torch.device("cpu"), autocast=contextlib.nullcontext)
-    rt.head_dtype, rt.logps_temperature = torch.float32, 1.0
+    rt.head_dtype = torch.float32
     read = lambda model, *inputs: model.weight.detach().clone()  # noqa: E731 (the "log-probs": the weight)
     reference = ref_free.PolicyAsReference(policy, lambda s: [()], read, rt, sync=sync, sync_every=3, max_steps=9)
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)

@@ -152,9 +152,9 @@ def test_a_family_whose_logits_the_head_cannot_reproduce_stops_at_load_with_one_
 
     args = dpo.Args(model_name_or_path=path)
     rt = dpo.setup(args)  # one process, fp32
-    assert dpo.load_model(args, None, rt) is not None  # as the family is, it loads
+    assert dpo.load_model(args, rt) is not None  # as the family is, it loads
     with mock.patch.object(transformers.LlamaForCausalLM, "forward", doubled), pytest.raises(SystemExit) as stop:
-        dpo.load_model(args, None, rt)
+        dpo.load_model(args, rt)
     assert stop.value.code.startswith(f"{path}: the log-probs token_logps computes differ from the model's own by ")
     assert "\n" not in stop.value.code
 
@@ -164,7 +164,7 @@ def test_a_family_whose_logits_the_head_cannot_reproduce_stops_at_load_with_one_
         return forward(self, *a, **kw)
 
     with mock.patch.object(transformers.LlamaForCausalLM, "forward", older), pytest.raises(SystemExit) as stop:
-        dpo.load_model(args, None, rt)
+        dpo.load_model(args, rt)
     assert stop.value.code == f"{path}: token_logps cannot read this model: TypeError: forward() got an unexpected " + (
         "keyword argument 'logits_to_keep'"
     )

@@ -328,7 +328,7 @@ def test_ktos_kl_pairs_go_through_the_policy_without_gradients(tmp_path, toy):
 
 
 def test_a_long_prompt_sampled_online_keeps_its_last_tokens(toy):
-    tokenizer, _ = plumbing.load_tokenizer(dpo_humanline.Args())
+    tokenizer = plumbing.load_tokenizer(dpo_humanline.Args())
     long = "123+456=" * 10 + "585+445="
     args = dpo_humanline.Args(max_prompt_length=8, max_new_tokens=4, eval_prompts="none")
     rt = SimpleNamespace(rank=0, world=1, autocast=lambda: torch.autocast("cpu", enabled=False))
@@ -350,7 +350,7 @@ def test_a_long_prompt_sampled_online_keeps_its_last_tokens(toy):
             rt,
         )
     ids = plumbing.prompt_ids(tokenizer, long)
-    assert len(ids) > 8 and seen == [ids[-8:]] and groups[0][1] == ids[-8:]
+    assert len(ids) > 8 and seen == [ids[-8:]] and groups[0].prompt_ids == ids[-8:]
     assert tokenizer.decode(seen[0]).replace(" ", "").endswith("585+445=")
 
 
@@ -359,7 +359,7 @@ def test_a_system_prompt_reaches_what_is_sampled_trained_on_and_evaluated(model_
     prompts = write(tmp_path / "prompts.jsonl", [{"prompt": "What is 2+2?", "solution": "4"}] * 4)
     args = dpo_humanline.Args(model_name_or_path=model_dir, dataset=prompts, eval_prompts=prompts, online=True)
     args.as_chat, args.system_prompt, args.max_new_tokens = True, system, 4
-    tokenizer, toy = plumbing.load_tokenizer(args)
+    tokenizer = plumbing.load_tokenizer(args)
     rt = SimpleNamespace(rank=0, world=1, autocast=lambda: torch.autocast("cpu", enabled=False))
     text = math_rewards.SYSTEM_PROMPTS.get(system, system)
     seen = []
@@ -371,9 +371,9 @@ def test_a_system_prompt_reaches_what_is_sampled_trained_on_and_evaluated(model_
     scorer = [("r", 1.0, lambda prompts, completions, **_: [0.0] * len(completions))]
     with mock.patch.object(plumbing, "generate", generate):
         for kind in ("prompts", "eval"):
-            rows = plumbing.load_data(args, kind, tokenizer, toy, rt)
+            rows = plumbing.load_data(args, kind, tokenizer, rt)
             groups, _ = plumbing.sample_and_score(None, tokenizer, scorer, rows, 2, args, 0, rt)
-            trained = [tokenizer.decode(prompt) for _, prompt, _, _ in groups]  # what the pairs are built on
+            trained = [tokenizer.decode(g.prompt_ids) for g in groups]  # what the pairs are built on
             assert all(f"system<|end_header_id|>\n\n{text}<|eot_id|>" in t for t in trained), trained[0]
     assert len(seen) == 8 and all(f"system<|end_header_id|>\n\n{text}<|eot_id|>" in s for s in seen)
 
@@ -382,9 +382,9 @@ def test_the_bf16_head_computes_in_bf16_on_one_process(toy):
     args = dpo_humanline.Args(precision="bf16", fp32_head=False)
     rt = dpo_humanline.setup(args)
     assert rt.head_dtype == torch.bfloat16
-    tokenizer, toy = plumbing.load_tokenizer(args)
-    model = dpo_humanline.load_model(args, toy, rt)
-    seqs = [(p, c) for p, (c, _), _ in plumbing.load_data(args, "preferences", tokenizer, toy, rt)[:4]]
+    tokenizer = plumbing.load_tokenizer(args)
+    model = dpo_humanline.load_model(args, rt)
+    seqs = [(p, c) for p, (c, _), _ in plumbing.load_data(args, "preferences", tokenizer, rt)[:4]]
     ids, attention, mask = dpo_humanline.collate(seqs, tokenizer.pad_token_id, rt.device)
     with torch.no_grad():
         got = dpo_humanline.token_logps(model, ids, attention, mask, rt.head_dtype)

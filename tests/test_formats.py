@@ -138,7 +138,7 @@ def test_every_preference_shape_encodes_as_its_explicit_form(llama, shape):
     template's), the prompt, and a completion ending in the template's <|eot_id|> (text: in the end token)."""
     tokenizer = plumbing.load_tokenizer(
         args_for(dpo_humanline, model_name_or_path=llama, dataset="x.jsonl", eval_prompts="none")
-    )[0]
+    )
     encoded, cut = plumbing.encode_rows(PREFERENCE_SHAPES[shape], tokenizer, args_for(dpo_humanline), "data.jsonl")
     explicit = "conversational" if "conversation" in shape else "standard"
     expected = plumbing.encode_rows(PREFERENCE_SHAPES[explicit], tokenizer, args_for(dpo_humanline), "data.jsonl")[0]
@@ -270,11 +270,11 @@ def test_a_toy_named_file_is_a_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "toy_mine.jsonl", [{"prompt": "1+1=", "chosen": "1+1+0=02>002", "rejected": "3"}] * 2)
     args = args_for(dpo_humanline, dataset="toy_mine.jsonl", eval_prompts="none", batch_size=2)
-    tokenizer, toy = plumbing.load_tokenizer(args)
+    tokenizer = plumbing.load_tokenizer(args)
     rt = SimpleNamespace(rank=0, world=1)
-    assert len(plumbing.load_data(args, "preferences", tokenizer, toy, rt)) == 2
+    assert len(plumbing.load_data(args, "preferences", tokenizer, rt)) == 2
     with pytest.raises(SystemExit, match="toy_mine.jsonl: 2 rows, fewer than the 3"):
-        plumbing.load_data(args, "preferences", tokenizer, toy, rt, need=3)
+        plumbing.load_data(args, "preferences", tokenizer, rt, need=3)
 
 
 def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tmp_path, capsys):
@@ -283,7 +283,7 @@ def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tm
     args = args_for(
         dpo_humanline, model_name_or_path=llama, dataset=data, eval_prompts="none", online=True, max_prompt_length=60
     )
-    tokenizer = plumbing.load_tokenizer(args)[0]
+    tokenizer = plumbing.load_tokenizer(args)
     lengths = [
         len(
             tokenizer(
@@ -294,7 +294,7 @@ def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tm
         for r in rows
     ]
     assert max(lengths[:-2]) <= 60 < min(lengths[-2:])  # the template's BOS counted once
-    plumbing.load_data(args, "prompts", tokenizer, None, SimpleNamespace(rank=0, world=1))
+    plumbing.load_data(args, "prompts", tokenizer, SimpleNamespace(rank=0, world=1))
     assert ": {'prompts': 2} (cut to --max_prompt_length" in capsys.readouterr().out
 
 
@@ -329,7 +329,7 @@ def test_sampled_completions_end_in_the_templates_end_token_or_are_cut(llama):
     rest are cut at --max_new_tokens and have no end token; the cut ones are counted."""
     tokenizer = plumbing.load_tokenizer(
         args_for(dpo_humanline, model_name_or_path=llama, eval_prompts="none", dataset="x.jsonl")
-    )[0]
+    )
     model = LlamaForCausalLM.from_pretrained(llama)
     with torch.no_grad():
         model.model.norm.weight.zero_()  # every logit 0: uniform sampling
@@ -507,7 +507,7 @@ def parsed(algo, argv, world=1, rows=1000, printed=None):
         mock.patch.object(sys, "argv", [f"{algo}_humanline.py", *argv]),
         mock.patch.dict(os.environ, {"WORLD_SIZE": str(world)}),
         mock.patch.object(module, "setup", lambda a: SimpleNamespace(rank=0, world=world)),
-        mock.patch.object(plumbing, "load_tokenizer", lambda a: (None, None)),
+        mock.patch.object(plumbing, "load_tokenizer", lambda a: None),
         mock.patch.object(plumbing, "load_data", data),
         mock.patch.object(module, "load_model", stop),
         mock.patch.object(memory_plan, "read_config", local_config),

@@ -466,7 +466,7 @@ def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):
     groups, record = sample_and_score(model, tok, reward_fns, rows, 3, args, 1, rt)
     assert seen["solution"] == ["912"] * 3 + ["300"] * 3  # the other columns reach the reward functions
     scores = [1.0 + 8.0 * k for k in range(6)]
-    assert [(g[0], g[1], g[3], len(g[2])) for g in groups] == [
+    assert [(g.row, g.prompt_ids, g.scores, len(g.completions)) for g in groups] == [
         (rows[0], tok("123+789=")["input_ids"], scores[:3], 3),
         (rows[1], tok("100+200=")["input_ids"], scores[3:], 3),
     ]
@@ -474,17 +474,16 @@ def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):
         "online/reward": sum(scores) / 6,
         "online/bad_rewards": 0,
         "online/truncated_completions": 0,
+        "online/truncated_frac": 0.0,
         "online/ones": 1.0,
         "online/count": 15 / 6,
     }
-    pairs = best_worst_pairs(
-        [g[1:] for g in groups], 0.5
-    )  # best and worst of each prompt's 3 samples (unless identical), raw scores
+    pairs = best_worst_pairs(groups, 0.5)  # best and worst of each prompt's 3 samples (unless identical), raw scores
     assert len(pairs) <= 2
     for p, (best, worst), pair_scores in pairs:
-        i = [g[1] for g in groups].index(p)
+        i = [g.prompt_ids for g in groups].index(p)
         assert pair_scores == [scores[3 * i + 2], scores[3 * i]] and best != worst
-        assert [best, worst] == [groups[i][2][2], groups[i][2][0]]
+        assert [best, worst] == [groups[i].completions[2], groups[i].completions[0]]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,9 +20,9 @@ from test_performance import ENV, assert_same_training, records, run_in_process,
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import dpo_humanline
+import lora
 import memory_plan
 import plumbing
-import ref_free
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LORA = ["--lora_r", "8", "--learning_rate", "2e-4"]  # a rate at which the adapters move the log-probs
@@ -39,7 +39,7 @@ def lora_args(**kw):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_adapters_start_at_the_base_and_train_alone_in_fp32_on_a_base_frozen_in_the_precision(precision, toy):
     args, rt = lora_args(precision=precision)
-    policy = plumbing.build_model(args, toy, rt)
+    policy = plumbing.build_model(args, rt)
     base = AutoModelForCausalLM.from_pretrained(toy.model, dtype=rt.dtype)
     trained = {n: p for n, p in policy.named_parameters() if p.requires_grad}
     assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
@@ -59,12 +59,13 @@ class TwoModels:
     """The textbook reference, with adapters: a second copy of the base and the adapters, synced by copying every
     weight. What the adapter reference and the reference-free path must equal."""
 
-    def __init__(self, policy, token_logps, rt, frozen):
+    def __init__(self, policy, token_logps, rt, frozen, temperature=1.0):
         self.model, self.token_logps, self.rt, self.seconds = copy.deepcopy(policy).eval(), token_logps, rt, 0.0
+        self.temperature = temperature
 
     @torch.no_grad()
     def logps(self, step, micro, inputs):
-        return self.token_logps(self.model, *inputs, self.rt.head_dtype, self.rt.logps_temperature)
+        return self.token_logps(self.model, *inputs, self.rt.head_dtype, self.temperature)
 
     @torch.no_grad()
     def sync(self, policy, step):
@@ -89,7 +90,7 @@ def test_the_adapter_reference_equals_the_reference_free_path_and_two_models_ste
     argv = [*BASE, *flags, "--max_steps", "7"]
     free, loads_free = run_in_process("dpo_humanline.py", argv, tmp_path / "free")
     adapter, loads_adapter = run_in_process("dpo_humanline.py", [*argv, "--ref_free", "off"], tmp_path / "adapter")
-    monkeypatch.setattr(ref_free, "AdapterReference", TwoModels)
+    monkeypatch.setattr(lora, "AdapterReference", TwoModels)
     two, _ = run_in_process("dpo_humanline.py", [*argv, "--ref_free", "off"], tmp_path / "two")
     assert loads_free == loads_adapter == 1  # the base is read once: no second copy of it
     assert_same_training(two, adapter, 7)
@@ -100,8 +101,8 @@ def test_the_adapter_reference_equals_the_reference_free_path_and_two_models_ste
 
 def test_a_sync_copies_the_adapters_and_nothing_else(toy, monkeypatch):
     args, rt = lora_args()
-    policy = plumbing.build_model(args, toy, rt)
-    reference = ref_free.AdapterReference(policy, dpo_humanline.token_logps, rt, frozen=False)
+    policy = plumbing.build_model(args, rt)
+    reference = lora.AdapterReference(policy, dpo_humanline.token_logps, rt, frozen=False)
     copied, real = [], torch.Tensor.copy_
     monkeypatch.setattr(torch.Tensor, "copy_", lambda t, src, *a, **k: copied.append(t) or real(t, src, *a, **k))
     reference.sync(policy, step=0)
@@ -151,7 +152,7 @@ def test_names_that_match_no_linear_layer_stop_before_the_weights_load_and_peft_
     args.lora_target_modules = "input_layernorm"
     base = AutoModelForCausalLM.from_pretrained(toy.model)
     with pytest.raises(SystemExit) as stopped:
-        plumbing.add_adapters(base, args)
+        lora.add_adapters(base, args, seed=0)
     assert str(stopped.value.code).startswith("--lora_target_modules input_layernorm: Target module LlamaRMSNorm")
     assert "\n" not in str(stopped.value.code)
 
@@ -160,9 +161,9 @@ def test_names_that_match_no_linear_layer_stop_before_the_weights_load_and_peft_
 def test_the_lora_flags_are_listed_with_the_methods_flags(script):
     out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True).stdout
     flags = [line.split()[0] for line in out.splitlines() if line.strip().startswith("--")]
-    lora = [flags.index(f) for f in ("--lora_r", "--lora_alpha", "--lora_target_modules")]
-    assert lora == sorted(lora) and lora[-1] < flags.index("--ref_free") < flags.index("--eval_prompts")
-    assert flags.index("--gradient_checkpointing") < lora[0]
+    adapters = [flags.index(f) for f in ("--lora_r", "--lora_alpha", "--lora_target_modules")]
+    assert adapters == sorted(adapters) and adapters[-1] < flags.index("--ref_free") < flags.index("--eval_prompts")
+    assert flags.index("--gradient_checkpointing") < adapters[0]
 
 
 def test_two_processes_with_adapters_train_as_one_and_print_no_warning(tmp_path):

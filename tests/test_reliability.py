@@ -336,7 +336,7 @@ def test_a_local_file_must_be_plain_data(tmp_path):
         path.write_bytes(b"not read")
         for m in MODULES.values():
             with pytest.raises(SystemExit, match="must be a .json, .jsonl, .parquet or .csv file"):
-                plumbing.load_data(m.Args(dataset=str(path)), "preferences", None, None, None)
+                plumbing.load_data(m.Args(dataset=str(path)), "preferences", None, None)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""The real-model task (experiments/smollm2.py): its reward checks each constraint as stated, its committed prompt
-splits are the seeded ones and disjoint, its offline pairs hold what the reward says, and the model's folder is made
-once from a file whose digest is checked. The model itself is not downloaded here."""
+"""The real model's tasks (experiments/smollm2.py): each reward checks what its prompts ask and only that an answer
+that finished can pass, the verifier reads words and numbers as a reader does, the committed prompt splits are the
+seeded ones and disjoint, the offline pairs hold what the rewards say, and the model's folder is made once from a
+file whose digest is checked. The model itself is not downloaded here."""
 
+import builtins
 import json
 import os
+import re
 import sys
 import zipfile
 from unittest import mock
@@ -15,51 +18,149 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import smollm2  # noqa: E402
 
 
+def score(constraint, completion, topic="the moon", finished=True):
+    out = smollm2.reward(["p"], [completion], [constraint], [topic], finished=[finished])
+    turn = [{"role": "assistant", "content": completion}]  # a conversational completion: its text
+    assert smollm2.reward(["p"], [turn], [constraint], [topic], finished=[finished]) == out
+    return out[0]
+
+
 @pytest.mark.parametrize(
     "constraint, completion, want",
     [
-        ("include:blue", "The sky is Blue today.", 1.0),
-        ("include:blue", "The sky is bluer today.", 0.0),  # a word, not a part of one
-        ("start:warm", "Warm light fills the kitchen.", 1.0),
-        ("start:warm", "The warm light fills the kitchen.", 0.0),
-        ("end:cold", "Winter nights are long and cold.", 1.0),
-        ("end:cold", "Winter nights are cold and long.", 0.0),
-        ("max_words:10", "One two three four five six seven eight nine ten.", 1.0),
-        ("max_words:10", "One two three four five six seven eight nine ten eleven.", 0.0),
-        ("max_words:10", "   ", 0.0),  # nothing written keeps no constraint
-        ("no_comma:", "Rain falls on the quiet river.", 1.0),
-        ("no_comma:", "Rain falls, quietly.", 0.0),
-        ("no_comma:", "", 0.0),
+        ("include:blue", "The moon hangs Blue and pale above the hills.", 1.0),
+        ("include:blue", "The moon hangs bluer and pale above the hills.", 0.0),  # a word, not a part of one
+        ("start:soft", "Soft light falls on the quiet moon tonight.", 1.0),
+        ("start:warm", "Warmth fills the night around the moon.", 0.0),  # begins with the word, not its first letters
+        ("start:warm", "The warm moon glows over the sleeping town.", 0.0),
+        ("end:cold", "The moon looks distant, pale and very cold.", 1.0),
+        ("end:cold", "The moon on a winter night is 'cold'.", 1.0),  # the prompt's quotes around the word
+        ("end:cold", "The moon is cold and the night is long.", 0.0),
+        ("max_words:10", "The full moon lights up the quiet sleepy town.", 1.0),  # 9 words
+        ("max_words:10", "The full moon lights up the quiet and sleepy old town.", 0.0),  # 11
+        ("no_comma:", "The moon rises slowly over the silent sea.", 1.0),
+        ("no_comma:", "The moon rises, slowly, over the silent sea.", 0.0),
     ],
 )
 def test_the_reward_checks_each_constraint_as_the_prompt_states_it(constraint, completion, want):
-    assert smollm2.reward(["p"], [completion], [constraint]) == [want]
-    turn = [{"role": "assistant", "content": completion}]  # a conversational completion: its text
-    assert smollm2.reward(["p"], [turn], [constraint]) == [want]
+    assert score(constraint, completion) == want
+
+
+@pytest.mark.parametrize(
+    "completion, want",
+    [
+        ("Soft: Soft.", 0.0),  # what policies trained on the constraint alone wrote
+        ("Snow is snow.", 0.0),
+        ("soft, soft", 0.0),
+        ("Soft soft soft moon soft soft moon soft soft moon soft.", 0.0),  # repeated words
+        ("Fresh Fresh Fresh a moon a little more fresh a moment ago", 0.0),  # no end: not a sentence
+        ("Moon: the quiet moon glows softly over the sleeping hills.", 0.0),  # a "Word:" opening
+        ("The moon glows. It lights the quiet hills below us.", 0.0),  # two sentences
+        ("Soft light falls on the quiet moon tonight.", 1.0),
+        ("The moon is 3.5 times as bright as the quiet stars.", 1.0),  # "3.5" ends no sentence
+    ],
+)
+def test_the_reward_asks_for_one_sentence_a_reader_would_take(completion, want):
+    assert score("start:soft" if completion.lower().startswith("soft") else "no_comma:", completion) == want
+
+
+def test_the_sentence_length_and_the_asked_word_have_their_bounds():
+    six, five = "The pale moon rose very slowly.", "The pale moon rose slowly."
+    assert score("no_comma:", six) == 1.0 and score("no_comma:", five) == 0.0
+    thirty = "The moon " + " ".join("w" + chr(97 + i) for i in range(26)) + " still rose."  # 30 words
+    assert score("no_comma:", thirty) == 1.0 and score("no_comma:", thirty.replace("rose.", "rose high.")) == 0.0
+    twice, thrice = "The soft moon makes a soft glow tonight.", "The soft moon makes a soft and soft glow tonight."
+    assert score("include:soft", twice) == 1.0 and score("include:soft", thrice) == 0.0
+
+
+def test_an_answer_cut_off_fails_whatever_it_says():
+    assert score("start:soft", "Soft light falls on the quiet moon tonight.", finished=False) == 0.0
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("It is 'cold'.", ["it", "is", "cold"]),  # quotes and punctuation around a word are not part of it
+        ("About 1,000 stars, 3.5 moons.", ["about", "1,000", "stars", "3.5", "moons"]),
+        ("It doesn’t and it doesn't.", ["it", "doesn't", "and", "it", "doesn't"]),  # curly apostrophes
+        ("(Bright) -- blue!", ["bright", "blue"]),
+    ],
+)
+def test_words_are_read_as_a_reader_reads_them(text, want):
+    assert smollm2.words(text) == want
+
+
+@pytest.mark.parametrize(
+    "text, topic, want",
+    [
+        ("Education matters.", "a cat", False),  # a whole word, not letters inside one
+        ("Sunday is warm.", "the sun", False),
+        ("Cities never sleep.", "a city", True),  # plural-aware
+        ("A book is a friend.", "books", True),
+        ("The night sky is clear.", "the night sky", True),
+        ("Trains run late.", "trains", True),
+        ("Bushes grow.", "a bush", True),
+    ],
+)
+def test_a_topic_is_named_as_a_word_singular_or_plural(text, topic, want):
+    assert smollm2.names(text, topic) is want
+
+
+@pytest.mark.parametrize(
+    "completion, finished, want",
+    [
+        ("85", True, 1.0),
+        ("47 + 38 = 85.", True, 1.0),  # the last number is the answer
+        ("The answer is 85.0.", True, 1.0),
+        ("96 + 88 = 96 + 88", True, 0.0),  # the echo of the question
+        ("85", False, 0.0),  # cut off: not an answer
+        ("It is 1,085 or so", True, 0.0),  # "1,085" is one number, not 85
+        ("-85", True, 0.0),  # the sign is read
+        ("I cannot say.", True, 0.0),
+    ],
+)
+def test_the_addition_reward_reads_the_last_number_of_a_finished_answer(completion, finished, want):
+    assert smollm2.addition_reward(["p"], [completion], [85], finished=[finished]) == [want]
+    assert smollm2.last_number("1,234 and −7") == -7 and smollm2.last_number("x 1,234") == 1234
+
+
+def problem(row):  # an addition prompt's two numbers
+    return tuple(sorted(map(int, re.findall(r"\d+", row["prompt"][0]["content"]))))
 
 
 def test_the_committed_splits_are_the_seeded_draws_disjoint_and_of_their_sizes(tmp_path):
     smollm2.make_prompts(out=tmp_path)
-    seen = set()
-    for split, n in smollm2.SPLITS.items():
-        committed = (tmp_path / f"{split}.jsonl").read_text()
-        assert committed == open(os.path.join(smollm2.DATA_DIR, f"{split}.jsonl")).read()
-        texts = {json.loads(line)["prompt"][0]["content"] for line in committed.splitlines()}
-        assert len(texts) == n and not texts & seen
-        seen |= texts
-    assert len(smollm2.all_prompts()) == len({t for t, _ in smollm2.all_prompts()}) == 30 * 3 * 49
+    for task in smollm2.TASKS:
+        seen, phrasings = set(), {}
+        for split, n in smollm2.SPLITS.items():
+            committed = (tmp_path / task / f"{split}.jsonl").read_text()
+            assert committed == open(os.path.join(ROOT, smollm2.data(task, split))).read()
+            rows = [json.loads(line) for line in committed.splitlines()]
+            keys = {problem(r) if task == "addition" else r["prompt"][0]["content"] for r in rows}
+            assert len(rows) == n and not keys & seen  # addition: no sum of the same two numbers in two splits
+            seen |= keys
+            phrasings[split] = {smollm2.kind(task, r) for r in rows}
+            assert task == "constraints" or all(r["answer"] == sum(problem(r)) for r in rows)
+        if task == "addition":
+            assert phrasings["test"] - phrasings["train"] - phrasings["valid"] == {"3"}  # the held-out phrasing
+    assert len(smollm2.constraint_prompts()) == len({t for t, _ in smollm2.constraint_prompts()}) == 30 * 3 * 49
 
 
-def test_the_offline_pairs_hold_what_the_reward_says_and_come_from_the_training_prompts():
-    with open(os.path.join(smollm2.DATA_DIR, "pairs.jsonl")) as f:
+@pytest.mark.parametrize("task", sorted(smollm2.TASKS))
+def test_the_offline_pairs_hold_what_the_reward_says_and_come_from_the_training_prompts(task):
+    with open(os.path.join(ROOT, smollm2.data(task, "pairs"))) as f:
         pairs = [json.loads(line) for line in f]
-    with open(os.path.join(smollm2.DATA_DIR, "train.jsonl")) as f:
+    with open(os.path.join(ROOT, smollm2.data(task, "train"))) as f:
         train = {line.strip() for line in f}
-    assert len(pairs) >= 300
+    module, _, name = smollm2.TASKS[task][0].partition(":")
+    fn = getattr(smollm2, name)
+    assert len(pairs) >= 100
     for row in pairs:
-        spec = [row["constraint"]] * 2
-        assert smollm2.reward(None, [row["chosen"], row["rejected"]], spec) == [1.0, 0.0]
-        assert json.dumps({"prompt": row["prompt"], "constraint": row["constraint"]}) in train
+        columns = {k: [v] * 2 for k, v in row.items() if k not in ("prompt", "chosen", "rejected")}
+        assert fn(None, [row["chosen"], row["rejected"]], **columns, finished=[True, True])[0] == 1.0
+        assert fn(None, [row["rejected"]], **{k: v[:1] for k, v in columns.items()}, finished=[True]) == [0.0]
+        prompt = {k: v for k, v in row.items() if k not in ("chosen", "rejected")}
+        assert json.dumps(prompt) in train
 
 
 def test_the_model_folder_is_made_once_and_only_from_the_known_file(tmp_path):
@@ -79,18 +180,17 @@ def test_the_model_folder_is_made_once_and_only_from_the_known_file(tmp_path):
     assert not os.path.exists(tmp_path / "new")
 
 
-@pytest.mark.parametrize(
-    "prompt, completion, want",
-    [
-        ("Tell me about the night sky in one sentence.", "The night sky is full of quiet stars.", True),
-        ("Tell me about the night sky in one sentence.", "Warm: warm.", False),  # what trained policies wrote
-        ("Describe the moon in one sentence. Begin your answer with the word 'Soft'.", "Soft: Soft.", False),
-        ("Write a sentence about trains. Include the word 'blue'.", "A blue train runs on its rails.", True),
-        ("Describe a dog in one sentence.", "dog", False),  # the topic in fewer than 5 words
-        ("Describe a dog in one sentence.", "It is a loyal and loving companion.", False),  # not named
-    ],
-)
-def test_the_topic_check_the_reward_leaves_out(prompt, completion, want):
-    assert smollm2.on_topic(prompt, completion) is want
-    for topic in smollm2.TOPICS:  # every prompt's topic is found
-        assert smollm2.on_topic(f"Write a sentence about {topic}.", f"Here is one more {topic} for you.")
+def test_without_gguf_the_model_is_refused_before_any_download(tmp_path):
+    real_import = builtins.__import__
+
+    def no_gguf(name, *a, **kw):
+        if name == "gguf":
+            raise ImportError("No module named 'gguf'")
+        return real_import(name, *a, **kw)
+
+    with (
+        mock.patch.object(builtins, "__import__", no_gguf),
+        mock.patch.object(smollm2.subprocess, "run", side_effect=AssertionError("downloads")),
+    ):
+        with pytest.raises(SystemExit, match=r"^the gguf package is missing: pip install -r requirements.txt$"):
+            smollm2.make_model(str(tmp_path / "new"))

@@ -109,7 +109,7 @@ def pairs(toy):
     tok = AutoTokenizer.from_pretrained(toy.model)
     with open(toy.offline["strong"]) as f:
         rows = [json.loads(line) for line in f][:16]
-    ids = plumbing.load_data(dpo_humanline.Args(), "preferences", tok, toy, SimpleNamespace(rank=0))[:16]
+    ids = plumbing.load_data(dpo_humanline.Args(), "preferences", tok, SimpleNamespace(rank=0))[:16]
     return tok, [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows], ids
 
 

@@ -1,0 +1,643 @@
+"""The report of a suite, from its runs' archive: statistics (mean and standard error over seeds, Welch's t-test of a
+difference, a TOST of equivalence, Holm-Bonferroni over a table's comparisons), its tables (`<suite>.md`, one line per
+configuration in `<suite>.jsonl`) and its plot (`<suite>.png`, when matplotlib is installed). What a suite's report
+holds is its entry in suites.py: `sections` names the tables below, in order.
+"""
+
+import json
+import math
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import plots
+import runner
+import suites
+from scipy import stats
+from suites import CELLS, LORA_CELLS, MULTIPLES, SHARED_LR, SWEEP_SEEDS, paper_lr, rate_of
+
+EQUIVALENCE_MARGIN = 0.01  # the toy's reward: two variants "match" when TOST puts their difference within ±0.01
+
+
+# ---- statistics ------------------------------------------------------------------------------------------------------
+
+
+def mean_se(values):
+    """Mean and standard error over seeds, leaving out seeds without the value (NaN); NaN where no seed has it, and a
+    NaN error for one seed."""
+    v = np.array(values, dtype=float)
+    v = v[~np.isnan(v)] if not np.isnan(v).all() else v
+    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+
+
+def new_seed_range(values, level=0.95):
+    """Where one more seed's result should land, if seeds' results are normal: a prediction interval,
+    mean +- t(n - 1) * sd * sqrt(1 + 1/n). With 5 seeds it is about +-3 sd: wider than their range, which a sixth seed
+    leaves one time in three."""
+    n = len(values)
+    if n < 2:
+        return math.nan, math.nan
+    half = stats.t.ppf((1 + level) / 2, n - 1) * np.std(values, ddof=1) * math.sqrt(1 + 1 / n)
+    return float(np.mean(values) - half), float(np.mean(values) + half)
+
+
+def holm(pvalues):
+    """Holm-Bonferroni adjusted p-values (step-down, monotone)."""
+    order = np.argsort(pvalues)
+    adjusted, running = np.empty(len(pvalues)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def tost(a, b, margin):
+    """Two one-sided Welch t-tests of |mean(a) - mean(b)| < margin: a small p shows the two equivalent within it."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    d = a.mean() - b.mean()
+    if va + vb == 0:
+        return 0.0 if abs(d) < margin else 1.0
+    se, df = math.sqrt(va + vb), (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return float(max(stats.t.sf((d + margin) / se, df), stats.t.cdf((d - margin) / se, df)))
+
+
+def significance(rows, pairs, margin=EQUIVALENCE_MARGIN):
+    """For each pair (a, b): the difference of final rewards, a Welch t-test of a difference and a TOST of equivalence
+    within +-margin, each Holm-Bonferroni corrected over the pairs, and what they allow one to say at the 5% level."""
+    by = {r["config"]: r for r in rows}
+    tests = [
+        dict(
+            a=a,
+            b=b,
+            comparison=f"{a} vs {b}",
+            diff=float(np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"])),
+            p=float(stats.ttest_ind(by[a]["rewards"], by[b]["rewards"], equal_var=False).pvalue),
+            p_tost=tost(by[a]["rewards"], by[b]["rewards"], margin),
+        )
+        for a, b in pairs
+        if a in by and b in by and by[a]["seeds"] > 1 and by[b]["seeds"] > 1
+    ]
+    for key in ("p", "p_tost"):
+        for t, adjusted in zip(tests, holm([t[key] for t in tests]) if tests else []):
+            t[key + "_holm"] = float(adjusted)
+    for t in tests:
+        t["verdict"] = (
+            ("higher" if t["diff"] > 0 else "lower")
+            if t["p_holm"] < 0.05
+            else f"equivalent (within ±{margin:g})"
+            if t["p_tost_holm"] < 0.05
+            else "not decided"
+        )
+    return tests
+
+
+# ---- summaries -------------------------------------------------------------------------------------------------------
+
+
+def clamps(flags):
+    return "--humanline" in flags or any(
+        flags[i : i + 2] in (["--clip", "clamp"], ["--clip", "sampling"]) for i in range(len(flags))
+    )
+
+
+def regime(flags, clamped_frac):
+    """Which regime a run is in: does the humanline clamp act on its tokens (the paper's regime) or not?"""
+    if not clamps(flags):
+        return "no clamp"
+    return "clamp active" if clamped_frac >= 0.01 else "clamp rare" if clamped_frac >= 0.001 else "clamp idle"
+
+
+def summarize(runs, configs):
+    """Per configuration with finished runs: final held-out reward and accuracy (mean, standard error over seeds), wall
+    and CPU time, the humanline diagnostics (clamped fraction and margin or |log-ratio| averaged over training,
+    log-probs at the last step), their per-step curves and each run's args.json."""
+    rows = []
+    for name, script, flags, seeds in configs:
+        per_seed = []
+        for seed in seeds:
+            run = runs.get(runner.run_key(name, seed))
+            if not runner.finished(run, runner.max_steps_of(flags)):
+                continue
+            recs = runner.records(run)
+            steps = [r for r in recs if "loss" in r]
+            evals = [r for r in recs if "eval/reward" in r]
+            per_seed.append(
+                dict(
+                    reward=evals[-1]["eval/reward"],
+                    accuracy=evals[-1].get("eval/accuracy", math.nan),
+                    curve=[(r["step"], r["eval/reward"], r.get("eval/accuracy")) for r in evals],
+                    train={k: [(r["step"], r[k]) for r in steps if k in r] for k in plots.DIAGNOSTICS},
+                    clamped=np.mean([r.get("humanline/clamped_frac", 0) for r in steps]),
+                    margin=np.mean([r.get("rewards/margins", math.nan) for r in steps]),
+                    abs_log_ratio=np.mean([r.get("ratio/abs_log", math.nan) for r in steps]),
+                    logp_chosen=steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan)),
+                    logp_rejected=steps[-1].get("logps/rejected", math.nan),
+                    wall=float(run["wall_seconds"]),
+                    cpu=float(run["cpu_seconds"]),
+                    # the training loop alone: optimizer steps, online sampling and scoring (no start-up, no evaluation)
+                    loop=sum(r.get("perf/step_seconds", 0) + r.get("online/seconds", 0) for r in recs),
+                    args=json.loads(run.get("args.json", "{}")),
+                    # the real model's: the cut share of its last answers, what the reward leaves out (quality.json)
+                    cut=evals[-1].get("eval/truncated_frac", math.nan),
+                    quality=json.loads(run.get("quality.json", "{}")),
+                )
+            )
+        if not per_seed:
+            continue
+
+        def ms(key):
+            return mean_se([s[key] for s in per_seed])
+
+        clamped = ms("clamped")
+        rows.append(
+            dict(
+                config=name,
+                script=script,
+                flags=flags,
+                seeds=len(per_seed),
+                reward=ms("reward"),
+                accuracy=ms("accuracy"),
+                rewards=[s["reward"] for s in per_seed],
+                new_seed=new_seed_range([s["reward"] for s in per_seed]),
+                accuracies=[s["accuracy"] for s in per_seed],
+                walls=[s["wall"] for s in per_seed],
+                cpus=[s["cpu"] for s in per_seed],
+                loops=[s["loop"] for s in per_seed],
+                wall=ms("wall"),
+                cpu=ms("cpu"),
+                loop=ms("loop"),
+                clamped_frac=clamped,
+                regime=regime(flags, clamped[0]),
+                margin=ms("margin"),
+                abs_log_ratio=ms("abs_log_ratio"),
+                logp_chosen=ms("logp_chosen"),
+                logp_rejected=ms("logp_rejected"),
+                curves=[s["curve"] for s in per_seed],
+                train=[s["train"] for s in per_seed],
+                args=[s["args"] for s in per_seed],
+            )
+        )
+        if all(s["quality"] for s in per_seed):  # the real model's runs: their answers' quality, their cut share
+            rows[-1] |= dict(cut=ms("cut"), cuts=[s["cut"] for s in per_seed])
+            for key in ("perplexity", "repeated_words"):
+                rows[-1][key] = mean_se([s["quality"][key] for s in per_seed])
+    return rows
+
+
+def code_versions(rows):
+    """The versions of the code (provenance.code in args.json, of every attempt of a resumed run; None: not recorded)
+    that a table's runs ran."""
+    attempts = [p for r in rows for a in r["args"] for p in a.get("attempts") or [a.get("provenance", {})]]
+    return sorted({str(p.get("code")) for p in attempts})
+
+
+def choose_rates(results):
+    """variant -> the sweep's learning rate with the highest mean validation reward, for variants whose sweep is
+    complete (every rate, every seed). Keys: the toy's variants, "<variant> lora", "<task> <variant>"."""
+    chosen = {}
+    for suite, entry in suites.SUITES.items():
+        if entry.sweep is None:
+            continue
+        cells, multiples, key, seeds = entry.sweep
+        rows = {r["config"]: r for r in summarize(runner.load_runs(results, suite), entry.runs(results, {}))}
+        for cell, _, _ in cells:
+            rates = [m * paper_lr(cell) for m in multiples]
+            found = [rows.get(f"{key.format(cell)} lr {rate:g}") for rate in rates]
+            if all(c and c["seeds"] == len(seeds) for c in found):
+                chosen[key.format(cell)] = rates[int(np.argmax([c["reward"][0] for c in found]))]
+    return chosen
+
+
+def fmt(pair, digits=3):
+    mean, se = pair
+    if math.isnan(mean):
+        return "–"
+    return f"{mean:.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
+
+
+# ---- tables ----------------------------------------------------------------------------------------------------------
+
+
+def provenance_line(rows):
+    runs = [a.get("provenance", {}) for r in rows for a in r["args"]]
+    commits = sorted({str(p.get("commit"))[:10] for p in runs})
+    dirty = sum(bool(p.get("dirty")) for p in runs)
+    versions = {k: sorted({str(p.get(k)) for p in runs}) for k in ("code", "torch", "transformers")}
+    return (
+        f"{len(runs)} runs of code {', '.join(versions['code'])} (commit {', '.join(commits)}"
+        + (f"; {dirty} with uncommitted changes to it" if dirty else "")
+        + f"), torch {', '.join(versions['torch'])}, "
+        f"transformers {', '.join(versions['transformers'])}."
+        + "".join(  # a table of mixed code (--mix_code): which rows ran which
+            f" Code {v}: {'; '.join(r['config'] for r in rows if v in code_versions([r]))}."  # names hold commas
+            for v in (versions["code"] if len(versions["code"]) > 1 else [])
+        )
+    )
+
+
+def long_table(rows, held_out="the toy test problems"):
+    """Two tables: the held-out results, then time and the humanline diagnostics."""
+    lines = [
+        f"Final held-out greedy reward and exact accuracy on {held_out} (mean ± standard error over seeds); "
+        "`new seed`: where one more seed's reward should land (a 95% prediction interval from these seeds); the "
+        "learning rate; the regime of the humanline diagnostics below (clamp active: >= 1% of tokens outside the "
+        "clamp's range, rare: 0.1-1%, idle: < 0.1%).",
+        "",
+        "| configuration | seeds | reward | new seed | accuracy | lr | regime |",
+        "|---" * 7 + "|",
+    ]
+    for r in rows:
+        lo, hi = r["new_seed"]
+        lines.append(
+            f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {'–' if math.isnan(lo) else f'{lo:.3f}-{hi:.3f}'} "
+            f"| {fmt(r['accuracy'])} | {rate_of(r['flags']):g} | {r['regime']} |"
+        )
+    lines += [
+        "",
+        "Wall and CPU time per run (1 CPU thread, two runs at a time) and the wall time of its training loop alone "
+        "(optimizer steps plus online sampling and scoring). Humanline diagnostics: the fraction of tokens whose "
+        "log-ratio to the reference lies outside the clamp's range (clamped by the runs that clamp; for the others, "
+        "what [-1.5, 1.5] would have cut) and the DPO/KTO reward margin (GRPO: the mean |token log-ratio| to the "
+        "reference), both averaged over training; mean token log-probs of chosen and rejected (GRPO: of the trained "
+        "completions) at the last step.",
+        "",
+        "| configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen "
+        "| logp rejected |",
+        "|---" * 9 + "|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['config']} | {fmt(r['wall'], 0)} | {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} "
+            f"| {fmt(r['clamped_frac'], 4)} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} "
+            f"| {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |"
+        )
+    return lines
+
+
+def tests_table(tests, title="the comparisons of this table", margin=EQUIVALENCE_MARGIN):
+    if not tests:
+        return []
+    return [
+        "",
+        f"Welch t-tests of a difference in final reward and two one-sided tests (TOST) of equivalence within "
+        f"±{margin:g} reward (the margin fixed before the runs), each Holm-Bonferroni corrected over "
+        f"{title}; the verdict at the 5% level:",
+        "",
+        "| comparison | reward difference | p (Welch) | p (Holm) | p (TOST) | p (TOST, Holm) | verdict |",
+        "|---" * 7 + "|",
+    ] + [
+        f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} | {t['p_tost']:.3g} "
+        f"| {t['p_tost_holm']:.3g} | {t['verdict']} |"
+        for t in tests
+    ]
+
+
+def time_ratios(rows):
+    by = {r["config"]: r for r in rows}
+    pairs = [
+        (f"{algo} {slow}", f"{algo} {fast}")
+        for algo in ("dpo", "kto", "grpo")
+        for slow, fast in (("online", "offline+humanline"), ("offline+humanline", "offline"))
+    ]
+    pairs += [("grpo online (sample every step)", "grpo off-policy+humanline k=16")]
+    pairs = [(by[a], by[b]) for a, b in pairs if a in by and b in by]
+    if not pairs:
+        return []
+    return ["", "| time ratio (medians over seeds) | wall | CPU | training loop |", "|---|---|---|---|"] + [
+        f"| {a['config']} / {b['config']} | {np.median(a['walls']) / np.median(b['walls']):.2f} "
+        f"| {np.median(a['cpus']) / np.median(b['cpus']):.2f} | {np.median(a['loops']) / np.median(b['loops']):.2f} |"
+        for a, b in pairs
+    ]  # medians: a seed run on a busier machine moves a mean
+
+
+def setup_table(rows):
+    """What each variant ran with, read from its runs' args.json (the README's setup table): every setting but the
+    learning rate, which the sweep varies and the other tables give per row, then the settings all variants share."""
+    runs = {}
+    for r in rows:
+        runs.setdefault(r["config"].rsplit(" lr ", 1)[0], []).extend(r["args"])
+
+    def value(args, key):  # one value, or all that occur
+        return ", ".join(sorted({json.dumps(a.get(key)).strip('"') for a in args}))
+
+    lines = [
+        "| variant | batch | beta | max grad norm | sync | clamp (log bounds) | GRPO PPO eps | online samples "
+        "| temperature |",
+        "|---" * 9 + "|",
+    ]
+    for cell, args in runs.items():
+        v = lambda key: value(args, key)  # noqa: E731
+        online = v("online") == "true"
+        samples = (
+            f"{v('num_generations')} per prompt, every step"
+            if cell.startswith("grpo")
+            else f"rounds of {v('round_size')} prompts x {v('num_samples')}, best vs worst"
+        )
+        lines.append(
+            f"| {cell} | {v('batch_size')} | {v('beta')} | {v('max_grad_norm')} "
+            f"| {v('sync') + (', every ' + v('sync_every') + ' step(s)' if v('sync') != 'none' else '')} "
+            f"| {v('clip') + (' [' + v('log_eps_P') + ', ' + v('log_eps_R') + ']' if v('clip') != 'none' else '')} "
+            f"| {v('eps') if cell.startswith('grpo') else '–'} | {samples if online else '–'} "
+            f"| {v('temperature') if online else '–'} |"
+        )
+    every = [a for args in runs.values() for a in args]
+    lines += [
+        "",
+        f"All variants: {value(every, 'max_steps')} steps, AdamW (eps {value(every, 'adam_eps')}, weight decay "
+        f"{value(every, 'weight_decay')}), warmup {value(every, 'warmup_ratio')} of the steps, reference-free "
+        f"{value(every, 'ref_free')}, at most {value(every, 'max_new_tokens')} new tokens per sample.",
+    ]
+    return lines
+
+
+def sweep_tables(rows, start):
+    by = {r["config"]: r for r in rows}
+    chosen = {}
+    lines = [
+        "Mean reward on the 256 validation prompts (3 seeds, ± standard error) at each learning rate, as a multiple of "
+        f"the paper's rate for that variant (its Table 3); the chosen rate has the highest mean. The starting policy "
+        f"scores {start:.3f} on these prompts.",
+        "",
+        "| variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen |",
+        "|---" * (len(MULTIPLES) + 3) + "|",
+    ]
+    for cell, _, _ in CELLS:
+        cells = [by.get(f"{cell} lr {m * paper_lr(cell):g}") for m in MULTIPLES]
+        done = all(c and c["seeds"] == len(SWEEP_SEEDS) for c in cells)
+        if done:
+            best = int(np.argmax([c["reward"][0] for c in cells]))
+            chosen[cell] = MULTIPLES[best] * paper_lr(cell)
+        lines.append(
+            f"| {cell} | {paper_lr(cell):g} | "
+            + " | ".join(
+                (
+                    "**" + fmt(c["reward"]) + "**"
+                    if done and i == best
+                    else fmt(c["reward"]) + ("" if c["seeds"] == len(SWEEP_SEEDS) else f" (n={c['seeds']})")
+                )
+                if c
+                else ""
+                for i, c in enumerate(cells)
+            )
+            + (f" | {chosen[cell]:g} |" if done else " | not yet |")
+        )
+    lines += [
+        "",
+        f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
+        "variant's chosen rate (validation reward):",
+        "",
+        "| variant | at the shared rate | at its chosen rate |",
+        "|---|---|---|",
+    ]
+    for cell, _, _ in CELLS:
+        shared = by.get(f"{cell} lr {SHARED_LR:g}")
+        best = by.get(f"{cell} lr {chosen[cell]:g}") if cell in chosen else None
+        lines.append(
+            f"| {cell} | {fmt(shared['reward']) if shared else ''} "
+            f"| {fmt(best['reward']) + f' ({chosen[cell]:g})' if best else ''} |"
+        )
+    lines += [
+        "",
+        "The mechanism, offline: at each rate the validation reward, the DPO/KTO reward margin (GRPO: mean |token "
+        "log-ratio| to the reference) and the fraction of tokens outside [-1.5, 1.5], both averaged over training:",
+        "",
+        "| variant | lr | reward | margin | mean abs log-ratio | clamped frac |",
+        "|---|---|---|---|---|---|",
+    ]
+    for cell, _, _ in CELLS:
+        if "offline" in cell:
+            for m in MULTIPLES:
+                r = by.get(f"{cell} lr {m * paper_lr(cell):g}")
+                if r:
+                    lines.append(
+                        f"| {cell} | {m * paper_lr(cell):g} | {fmt(r['reward'])} | {fmt(r['margin'])} "
+                        f"| {fmt(r['abs_log_ratio'], 4)} | {fmt(r['clamped_frac'], 4)} |"
+                    )
+    return lines
+
+
+def evidence(test):
+    """The Holm-corrected p-value behind a verdict: Welch's for a difference, the TOST's for equivalence, else both."""
+    if test["verdict"] in ("higher", "lower"):
+        return f"p {test['p_holm']:.2g}"
+    return (
+        f"TOST p {test['p_tost_holm']:.2g}"
+        if test["verdict"].startswith("equivalent")
+        else f"p {test['p_holm']:.2g}, TOST p {test['p_tost_holm']:.2g}"
+    )
+
+
+def lora_tables(rows):
+    """LoRA against full fine-tuning: each variant's two rows side by side, then humanline's comparisons with each."""
+    by, tests = {r["config"]: r for r in rows}, significance(rows, suites.LORA_PAIRS)
+    verdict = {(t["a"], t["b"]): t for t in tests}
+    lines = [
+        "",
+        "Each variant with every weight trained and with LoRA adapters (final test reward, mean ± standard error; the "
+        "difference's verdict and Holm-corrected p as in the table above) and the two learning rates chosen:",
+        "",
+        "| variant | full fine-tuning | LoRA | LoRA - full | LoRA's rate / full's |",
+        "|---|---|---|---|---|",
+    ]
+    for cell, _, _ in LORA_CELLS:
+        t, full, lora = verdict.get((f"{cell} lora", cell)), by.get(cell), by.get(f"{cell} lora")
+        if t:
+            rate = rate_of(lora["flags"])
+            lines.append(
+                f"| {cell} | {fmt(full['reward'])} | {fmt(lora['reward'])} | {t['diff']:+.3f} ({t['verdict']}, "
+                f"{evidence(t)}) | {rate / rate_of(full['flags']):g}x ({rate:g}) |"
+            )
+    lines += [
+        "",
+        "Humanline's comparisons with every weight trained (the difference of the means above) and with LoRA (its "
+        "verdict and Holm-corrected p as in the table above):",
+        "",
+        "| comparison | full fine-tuning | LoRA |",
+        "|---|---|---|",
+    ]
+    for algo, other in [(a, b) for a in ("dpo", "grpo") for b in ("offline", "online")]:
+        a, b = f"{algo} offline+humanline", f"{algo} {other}"
+        t = verdict.get((f"{a} lora", f"{b} lora"))
+        if t and a in by and b in by:
+            full = np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"])
+            lines.append(f"| {a} vs {b} | {full:+.3f} | {t['diff']:+.3f} ({t['verdict']}, {evidence(t)}) |")
+    return lines
+
+
+def instance_tables(rows, main_rows):
+    """The main comparisons on each toy instance: instance 0 is the committed one (the main suite's runs)."""
+    rows = [
+        dict(r, config=f"instance 0: {r['config']}") for r in main_rows if not r["config"].endswith("online+humanline")
+    ] + rows
+    by = {r["config"]: r for r in rows}
+    names = sorted({r["config"].split(": ")[0] for r in rows})
+    cells = list(dict.fromkeys(r["config"].split(": ")[1] for r in rows))
+    lines = [
+        "Final test reward (mean ± standard error over seeds; instance 0: the main suite's 5 seeds, others 3) on each "
+        "toy instance, at the variant's learning rate chosen on instance 0:",
+        "",
+        "| variant | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
+    lines += [
+        f"| {c} | " + " | ".join(fmt(by[f"{n}: {c}"]["reward"]) if f"{n}: {c}" in by else "" for n in names) + " |"
+        for c in cells
+    ]
+    # the starting policy: the runs' own evaluation at step 0, so that no instance needs building for the report
+    start = {
+        n: [v for r in rows if r["config"].startswith(n + ":") for c in r["curves"] for s, v, _ in c if s == 0]
+        for n in names
+    }
+    lines.append(
+        "| starting policy | " + " | ".join(f"{np.mean(start[n]):.3f}" if start[n] else "" for n in names) + " |"
+    )
+    verdicts = {}
+    for n in names:  # Holm over each instance's comparisons
+        for t in significance(
+            rows, [p for p in suites.instance_pairs([r["config"] for r in rows]) if p[0].startswith(n + ":")]
+        ):
+            verdicts[(n, t["comparison"].split(": ", 1)[1].replace(f" vs {n}: ", " vs "))] = t
+    pairs = list(dict.fromkeys(k[1] for k in verdicts))
+    lines += [
+        "",
+        "Each comparison on each instance (difference, verdict of Welch and TOST at 5%, Holm over the instance's "
+        "comparisons, and the p-values behind it) and whether the verdict is the same on all of them:",
+        "",
+        "| comparison | " + " | ".join(names) + " | same on all |",
+        "|---" * (len(names) + 2) + "|",
+    ]
+    for p in pairs:
+        ts = [verdicts.get((n, p)) for n in names]
+        same = all(ts) and len({t["verdict"] for t in ts}) == 1
+        lines.append(
+            f"| {p} | "
+            + " | ".join(f"{t['diff']:+.3f} ({t['verdict']}, {evidence(t)})" if t else "" for t in ts)
+            + f" | {'yes' if same else 'no' if all(ts) else 'incomplete'} |"
+        )
+    return lines, rows
+
+
+# ---- the report ------------------------------------------------------------------------------------------------------
+def real_sweep_table(rows, ctx):
+    """The real model's sweep: validation success (and cut share) at each rate, x the paper's, and the rate chosen."""
+    task, by = ctx.entry.task, {r["config"]: r for r in rows}
+    lines = [
+        "",
+        "Validation success (cut share) at each learning rate, x the paper's rate for that variant, and the one",
+    ]
+    lines += ["chosen:", "", "| variant | " + " | ".join(f"{m:g}x" for m in suites.REAL_MULTIPLES) + " | chosen |"]
+    lines += ["|---" * (len(suites.REAL_MULTIPLES) + 2) + "|"]
+    for cell, _, _, _ in suites.REAL_CELLS:
+        found = [by.get(f"{task} {cell} lr {m * paper_lr(cell):g}") for m in suites.REAL_MULTIPLES]
+        best = int(np.argmax([c["reward"][0] for c in found])) if all(found) else None
+        cells = [f"{c['reward'][0]:.3f} ({c['cut'][0]:.2f}) at {rate_of(c['flags']):g}" if c else "" for c in found]
+        lines.append(
+            f"| {cell} | "
+            + " | ".join(cells)
+            + (f" | {rate_of(found[best]['flags']):g} |" if best is not None else " | not yet |")
+        )
+    return lines
+
+
+def real_table(rows, ctx):
+    """The real model's comparison: each configuration's success before (the starting model, greedy) and after, the
+    share of its answers cut off, and what the reward leaves out, on every trained model (smollm2.quality)."""
+    start = ctx.entry.start()
+    lines = ["", f"Test success after training (the starting model: {start:.3f}), the share of answers cut off at the"]
+    lines += ["token limit (each a failure), and what the reward leaves out, measured on every trained model's test"]
+    lines += ["answers: their per-token perplexity under the frozen starting model and their share of repeated words:"]
+    lines += ["", "| configuration | seeds | success | success - start | cut off | perplexity | repeated words |"]
+    lines += ["|---" * 7 + "|"]
+    for r in rows:
+        gain = mean_se([x - start for x in r["rewards"]])
+        lines.append(
+            f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {fmt(gain)} | {fmt(r['cut'])} "
+            f"| {fmt(r['perplexity'], 2)} | {fmt(r['repeated_words'])} |"
+        )
+    return lines
+
+
+def step_80_table(rows, ctx):
+    """The ablations' data probe trains for 80 steps: every row (and the main suite's DPO rows) at step 80."""
+    lines = ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", ""]
+    lines += ["| configuration | seeds | reward at step 80 |", "|---|---|---|"]
+    for r in [r for r in ctx.main_rows if r["config"].startswith("dpo")] + rows:
+        at = [v for c in r["curves"] for s, v, _ in c if s == 80]
+        if at:
+            main = " (main, its own rate)" if r in ctx.main_rows else ""
+            lines.append(f"| {r['config']}{main} | {len(at)} | {fmt(mean_se(at))} |")
+    return lines
+
+
+def settings(rows, ctx):
+    """What each variant ran with; the sweep's is also the README's setup table (the other suites change only the
+    learning rate and evaluation)."""
+    if ctx.entry.sweep:
+        with open(os.path.join(ctx.results, "setup.md"), "w") as f:
+            f.write("\n".join(setup_table(rows)) + "\n")
+    return ["", "The settings of each variant, from its runs' args.json:", ""] + setup_table(rows)
+
+
+def instances(rows, ctx):
+    more, ctx.plotted = instance_tables(rows, ctx.main_rows)
+    return more + [""]
+
+
+SECTIONS = {
+    "long": lambda rows, ctx: long_table(rows, ctx.entry.held_out),
+    "tests": lambda rows, ctx: tests_table(
+        significance(rows, ctx.entry.pairs(ctx.names), ctx.entry.margin), margin=ctx.entry.margin
+    ),
+    "time": lambda rows, ctx: time_ratios(rows),
+    "settings": settings,
+    "sweep": lambda rows, ctx: sweep_tables(rows, suites.toy_start("valid")),
+    "instances": instances,
+    "step 80": step_80_table,
+    "lora": lambda rows, ctx: lora_tables(rows),
+    "real sweep": real_sweep_table,
+    "real": real_table,
+}
+
+
+def report(results, suite, configs, main_rows=(), mix_code=False, note=""):
+    """Write `<suite>.md`, `<suite>.jsonl` and the plot from the suite's finished runs (its entry in suites.SUITES says
+    which tables; some read the main suite's `main_rows` too)."""
+    entry, runs = suites.SUITES[suite], runner.load_runs(results, suite)
+    rows = summarize(runs, configs)
+    if not rows:
+        print(f"{suite}: no finished runs yet")
+        return rows
+    versions = code_versions(rows + (list(main_rows) if entry.with_main else []))
+    if len(versions) > 1 and not mix_code:
+        raise SystemExit(
+            f"{suite}: its runs ran {len(versions)} versions of the code ({', '.join(versions)}); rerun the old "
+            f"ones (remove them from {suite}.tar.gz) or pass --mix_code"
+        )
+    with open(os.path.join(results, f"{suite}.jsonl"), "w") as f:
+        for r in rows:
+            r = dict(
+                r, flags=[x.replace(results + os.sep, "<results>/") for x in r["flags"]]
+            )  # the same on every machine
+            f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args")}) + "\n")
+    lines = [f"# {suite}", "", provenance_line(rows), "", *([note, ""] if note else [])]
+    early = [  # online runs whose whole pass of prompts gave no batch end early, evaluated
+        f"{c.name} seed {seed} at step {r['step']}"
+        for c in configs
+        for seed in c.seeds
+        if runner.finished(runs.get(runner.run_key(c.name, seed)), runner.max_steps_of(c.flags))
+        for r in runner.records(runs[runner.run_key(c.name, seed)])
+        if r.get("ended_early")
+    ]
+    if early:
+        lines += [f"Ended before their last step, a whole pass of prompts giving no batch: {', '.join(early)}.", ""]
+    ctx = SimpleNamespace(entry=entry, results=results, main_rows=list(main_rows), names=[r["config"] for r in rows])
+    ctx.plotted = rows
+    for section in entry.sections:
+        lines += SECTIONS[section](rows, ctx)
+    with open(os.path.join(results, f"{suite}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    # the instances' plot draws several starting policies: no one line for them
+    plots.plot(results, suite, entry, ctx.plotted, None if entry.with_main else entry.start())
+    return rows

@@ -1,0 +1,220 @@
+"""Running a suite: each run one training script in a subprocess with one CPU thread, a few at a time; a finished run
+skipped, a stopped one continued; finished runs packed into one archive per suite.
+
+A run is finished when its metrics.jsonl has an evaluation at its last step (or at the step a whole pass of online
+prompts without a batch ended it: converged) whose rewards all scored. A run that fails (a non-zero exit: a crash, a
+reward that failed) or is stopped (a signal) ends the suite at once: the queued runs do not start and the finished ones
+are packed. A real model's run keeps a checkpoint every 4 steps and a rerun of its suite continues it; its wall and CPU
+seconds add up over the attempts, and its args.json keeps each attempt's code (the scripts write it). Runs are written
+to results/runs/<suite>/ and packed, every few runs, into results/<suite>.tar.gz: metrics.jsonl, args.json, the last
+evaluation's answers (eval_samples.jsonl), the real model's quality.json (smollm2.quality), wall and CPU seconds; the
+weights are deleted. The archive is what the report reads and what is committed.
+"""
+
+import contextlib
+import glob
+import gzip
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEPT = ("metrics.jsonl", "args.json", "eval_samples.jsonl", "quality.json")  # of a run's folder, once finished
+
+
+def slug(name):
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def run_key(name, seed):
+    return f"{slug(name)}/seed{seed}"
+
+
+def load_runs(results, suite):
+    """key -> {file name: text} for every run of a suite: those in its archive, then those in runs/<suite>/ (newer)."""
+    runs = {}
+    archive = os.path.join(results, f"{suite}.tar.gz")
+    if os.path.exists(archive):
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                if member.isfile():
+                    key, _, name = member.name.rpartition("/")
+                    runs.setdefault(key, {})[name] = tar.extractfile(member).read().decode()
+    live = os.path.join(results, "runs", suite)
+    for config in sorted(os.listdir(live)) if os.path.isdir(live) else []:
+        for seed in sorted(os.listdir(os.path.join(live, config))):
+            folder = os.path.join(live, config, seed)
+            if os.path.exists(os.path.join(folder, "cpu_seconds")):  # the runner writes it last: the run is complete
+                runs[f"{config}/{seed}"] = {
+                    n: open(os.path.join(folder, n)).read()
+                    for n in os.listdir(folder)
+                    if os.path.isfile(os.path.join(folder, n)) and n != "log.txt"
+                }
+    return runs
+
+
+def pack(results, suite):
+    """Write every finished run of a suite into `<suite>.tar.gz` (byte-stable: sorted, no times), remove the folders."""
+    runs = load_runs(results, suite)
+    if not runs:
+        return
+    archive = os.path.join(results, f"{suite}.tar.gz")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for key in sorted(runs):
+            for name in sorted(runs[key]):
+                data = runs[key][name].encode()
+                info = tarfile.TarInfo(f"{key}/{name}")
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    with open(archive + ".tmp", "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as gz:
+        gz.write(buffer.getvalue())
+    os.replace(archive + ".tmp", archive)
+    for key in runs:
+        shutil.rmtree(os.path.join(results, "runs", suite, key), ignore_errors=True)
+        with contextlib.suppress(OSError):  # the configuration's folder, once empty
+            os.rmdir(os.path.join(results, "runs", suite, key.split("/")[0]))
+
+
+def records(run):
+    return [json.loads(line) for line in run.get("metrics.jsonl", "").splitlines() if line.strip()]
+
+
+def finished(run, max_steps):
+    """At --max_steps, or earlier where a whole pass of online prompts gave no batch (the script says so), with an
+    evaluation whose every reward scored: a run whose reward failed is not a trained model."""
+    evaluated = [
+        r for r in records(run or {}) if "eval/reward" in r and (r.get("step") == max_steps or r.get("ended_early"))
+    ]
+    return run is not None and "cpu_seconds" in run and any(r.get("eval/bad_rewards", 0) == 0 for r in evaluated)
+
+
+def max_steps_of(flags):
+    return int(flags[flags.index("--max_steps") + 1]) if "--max_steps" in flags else 120
+
+
+def run_script(cmd, env, log_path):
+    """Run one command, its output in log_path: its exit code and its own CPU seconds (user + system), which a busy
+    machine does not inflate as it does wall time."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+
+
+def launch(results, suite, name, script, flags, seed, task=None):
+    """One run, continued from its checkpoint where a real model's (`task`) was stopped; its seconds over attempts."""
+    out = os.path.join(results, "runs", suite, run_key(name, seed))
+    save_every = 4 if task else 0  # a real model's run (up to an hour) keeps a checkpoint every 4 steps
+    cmd = [sys.executable, os.path.join(ROOT, script), *flags, "--seed", str(seed), "--output_dir", out]
+    cmd += ["--save_every", str(save_every)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    spent = os.path.join(out, "seconds_before_resume")  # the earlier attempts' wall and CPU seconds
+    resume = save_every and glob.glob(os.path.join(out, "checkpoint-*", "state-rank0.pt"))
+    if resume:
+        cmd.append("--resume")
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+    before = json.load(open(spent)) if resume and os.path.exists(spent) else {"wall": 0.0, "cpu": 0.0}
+    t0 = time.time()
+    code, cpu_seconds = run_script(cmd, env, os.path.join(out, "log.txt"))
+    seconds = {"wall": before["wall"] + time.time() - t0, "cpu": before["cpu"] + cpu_seconds}
+    metrics = os.path.join(out, "metrics.jsonl")
+    run = {"cpu_seconds": "", "metrics.jsonl": open(metrics).read() if os.path.exists(metrics) else ""}
+    stopped = code == 0 and not finished(run, max_steps_of(flags))
+    if code != 0 or stopped:  # failed, or stopped by a signal after saving: a rerun continues it
+        with open(spent, "w") as f:
+            json.dump(seconds, f)
+        raise SystemExit(f"{' '.join(cmd)} {'stopped' if stopped else f'failed ({code})'}; see {out}/log.txt")
+    if task:  # what the reward leaves out, measured on the run's last answers
+        quality = [sys.executable, os.path.join(ROOT, "experiments", "smollm2.py"), "quality", "--task", task]
+        got = subprocess.run(quality + ["--samples", os.path.join(out, "eval_samples.jsonl")], env=env, cwd=ROOT)
+        if got.returncode:
+            raise SystemExit(f"{' '.join(quality)} failed ({got.returncode}) on {out}")
+    for file in os.listdir(out):  # keep the metrics and the answers, drop the weights
+        if file not in KEPT + ("log.txt",):
+            p = os.path.join(out, file)
+            shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+    with open(os.path.join(out, "wall_seconds"), "w") as f:
+        f.write(f"{seconds['wall']:.1f}\n")
+    with open(os.path.join(out, "cpu_seconds"), "w") as f:  # last: its presence marks a complete folder
+        f.write(f"{seconds['cpu']:.1f}\n")
+    os.remove(os.path.join(out, "log.txt"))
+
+
+def run_suite(results, suite, entry, configs, jobs, only=""):
+    """Every unfinished run of a suite's configurations (those whose name contains `only`), `jobs` at a time."""
+    entry.prepare(results, configs)
+    runs = load_runs(results, suite)
+    todo = [
+        (c.name, c.script, c.flags, seed)
+        for c in configs
+        if only in c.name
+        for seed in c.seeds
+        if not finished(runs.get(run_key(c.name, seed)), max_steps_of(c.flags))
+    ]
+    print(f"{suite}: {len(todo)} runs to do", flush=True)
+    pool = ThreadPoolExecutor(jobs)
+    try:  # as each run ends, not in order: a run that fails or is stopped ends the suite at once
+        ended = as_completed([pool.submit(launch, results, suite, *run, task=entry.task) for run in todo])
+        for i, run in enumerate(ended):
+            run.result()
+            print(f"  {suite}: {i + 1}/{len(todo)} done", flush=True)
+            if (i + 1) % 10 == 0:  # nothing finished is lost for long; the archive is what gets committed
+                pack(results, suite)
+    finally:  # a run failed or was stopped: the queued runs do not start, the finished ones are packed
+        pool.shutdown(cancel_futures=True)
+        pack(results, suite)
+
+
+# ---- --quick: every code path of every suite, for 2 steps ------------------------------------------------------------
+QUICK = ["--max_steps", "2", "--batch_size", "4", "--micro_batch_size", "4", "--num_eval_prompts", "8"]
+QUICK += ["--eval_every", "0"]
+DATA_FLAGS = ("--model_name_or_path", "--dataset", "--eval_prompts")  # which files: the same code reads them all
+
+
+def quick(configs, seen, real=False):
+    """One configuration of each code path (`shape`) not in `seen`, and at least one, for 2 steps on a tiny batch."""
+    out = []
+    for c in configs:
+        if shape(c.script, c.flags) in seen and out:
+            continue
+        seen.add(shape(c.script, c.flags))
+        grpo, rounds = c.script.startswith("grpo"), "--online" in c.flags and "--sample_every" not in c.flags
+        small = ["--num_generations", "4"] * grpo  # online rounds: 8 prompts (the real model's 32: fewer keep a batch)
+        small += ["--round_size", "8"] * (rounds and (not grpo or "--pairs_from_samples" in c.flags) and not real)
+        out.append(c._replace(flags=strip(c.flags, "--max_steps") + QUICK + small, seeds=c.seeds[:1]))
+    return out
+
+
+def shape(script, flags):
+    """What decides a run's code path: the script, its flags and their values, but not numbers or the files it reads."""
+
+    def kind(value):
+        try:
+            return float(value) is not None and "number"
+        except ValueError:
+            return value
+
+    pairs = zip(flags, flags[1:] + ["--"])
+    return script, tuple(
+        sorted(
+            (f, kind(v) if not v.startswith("--") else None)
+            for f, v in pairs
+            if f.startswith("--") and f not in DATA_FLAGS
+        )
+    )
+
+
+def strip(flags, name):
+    if name in flags:
+        i = flags.index(name)
+        return flags[:i] + flags[i + 2 :]
+    return flags

@@ -1,0 +1,465 @@
+"""Every suite of runs, as data: its runs (configuration, script, flags, seeds) at the learning rates chosen so far, and
+what its report adds (the comparisons it tests, its tables, its plot). The runner and the report read these entries
+and never a suite's name.
+
+The toy's suites reproduce the paper's comparisons on the built-in task. `sweep` trains each of the 12 variants (DPO,
+KTO, GRPO x offline, offline+humanline, online, online+humanline) at 0.25x-4x the paper's rate (its Table 3), 3 seeds,
+on the validation prompts; each variant's rate is the one with the highest mean there. The others train at the chosen
+rates on the test prompts: `main` (5 seeds), `instances` (two more toy instances), `offpolicy` (GRPO sampling every 64
+steps), `ablations` (DPO's, the regime probes, GRPO's clip probe), `quality` (the data-quality proxy); `lora_sweep` and
+`lora` do the same for LoRA adapters against full fine-tuning.
+
+The real model's suites run only when named: per task of experiments/smollm2.py (`constraints`, `addition`),
+`<task>_sweep` trains DPO, KTO and GRPO offline, offline + humanline and online at 1x, 4x and 16x the paper's rate
+(one seed, the 128 validation prompts); `<task>` trains each at its chosen rate, 5 seeds (KTO 3), on the 256 test
+prompts, and measures each trained model's answers beyond the reward (smollm2.quality).
+"""
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import smollm2  # noqa: E402
+
+import toy_task  # noqa: E402
+
+
+class Config(NamedTuple):  # one configuration of a suite: its runs are one per seed
+    name: str
+    script: str
+    flags: list
+    seeds: tuple
+
+
+# the paper's learning rates (its Table 3) per objective and mode; a humanline variant starts from its mode's rate
+PAPER_LR = {"dpo offline": 5e-6, "dpo online": 2.5e-6, "kto offline": 5e-6, "kto online": 2.5e-6}
+PAPER_LR |= {"grpo offline": 5e-6, "grpo online": 5e-6}
+MULTIPLES = (0.25, 0.5, 1, 2, 4)  # the sweep, x the paper's rate (humanline variants may need 0.1x-4x, the paper says)
+SHARED_LR = 5e-6  # one rate in every variant's sweep (the scripts' default): the shared-rate table
+SWEEP_SEEDS, SEEDS, FEW_SEEDS = (100, 101, 102), (0, 1, 2, 3, 4), (0, 1, 2)  # the sweep's seeds are used nowhere else
+INSTANCES = (1, 2)  # toy instances built from these seeds (the committed one is seed 0)
+CURVE = ["--eval_every", "10"]  # test prompts, at step 0 and every 10 steps
+VALIDATION = ["--eval_prompts", "toy:valid", "--eval_every", "0"]  # validation prompts, at the end
+MODES = {
+    "offline": ["--offline"],
+    "offline+humanline": ["--offline", "--humanline"],
+    "online": ["--online"],
+    "online+humanline": ["--online", "--humanline"],
+}
+CELLS = [(f"{a} {mode}", f"{a}_humanline.py", flags) for a in ("dpo", "kto", "grpo") for mode, flags in MODES.items()]
+# does humanline survive LoRA? DPO and GRPO offline, offline+humanline and online, adapters of rank 8 on every linear
+# layer against full fine-tuning; adapters train at larger rates (the grid: 2.5x-40x the paper's rate)
+LORA_RANK = ["--lora_r", "8"]
+LORA_MULTIPLES = (2.5, 5, 10, 20, 40)
+LORA_CELLS = [c for c in CELLS if c[0].split()[0] in ("dpo", "grpo") and c[0].split()[1] != "online+humanline"]
+# the real model: each task's variants, rates 1x, 4x and 16x the paper's, one seed each in the sweep (the budget's)
+REAL_MODES = ("offline", "offline+humanline", "online")
+REAL_CELLS = [(f"{a} {m}", f"{a}_humanline.py", a, m) for a in ("dpo", "kto", "grpo") for m in REAL_MODES]
+REAL_MULTIPLES, REAL_SWEEP_SEEDS = (1, 4, 16), (100,)
+REAL_SEEDS = {"dpo": SEEDS, "kto": FEW_SEEDS, "grpo": SEEDS}  # KTO's cut first, as the budget allows
+
+
+def paper_lr(cell):
+    return PAPER_LR[cell.split("+")[0]]
+
+
+def rate_of(flags):
+    return float(flags[flags.index("--learning_rate") + 1]) if "--learning_rate" in flags else math.nan
+
+
+def lr_flags(rate):
+    return ["--learning_rate", f"{rate:g}"]
+
+
+def rates_line(chosen, cells, lora=False):
+    """The line under a suite's title: the rates its rows ran at."""
+    names = {c for c, _, _ in cells}
+    rates = [(c, r) for c, r in chosen.items() if c.removesuffix(" lora") in names and (lora or c in names)]
+    return f"Learning rates chosen on the validation prompts (the sweep{' and lora_sweep' * lora}): " + (
+        ", ".join(f"{c} {r:g}" for c, r in rates) or "none yet"
+    ) + "."  # fmt: skip
+
+
+# ---- the toy's suites ------------------------------------------------------------------------------------------------
+def sweep(results, chosen):
+    return [
+        Config(
+            f"{cell} lr {m * paper_lr(cell):g}", script, flags + lr_flags(m * paper_lr(cell)) + VALIDATION, SWEEP_SEEDS
+        )
+        for cell, script, flags in CELLS
+        for m in MULTIPLES
+    ]
+
+
+def main(results, chosen):
+    return [Config(c, s, f + lr_flags(chosen[c]) + CURVE, SEEDS) for c, s, f in CELLS if c in chosen]
+
+
+def instances(results, chosen):
+    out = []
+    for inst in INSTANCES:
+        paths = instance_paths(results, inst)
+        data = {"--offline": ["--dataset", paths.offline["strong"]], "--online": ["--dataset", paths.prompts_train]}
+        where = ["--model_name_or_path", paths.model, "--eval_prompts", paths.prompts_test]
+        out += [
+            Config(f"instance {inst}: {c}", s, f + data[f[0]] + lr_flags(chosen[c]) + CURVE + where, FEW_SEEDS)
+            for c, s, f in CELLS
+            if c in chosen and not c.endswith("online+humanline")
+        ]
+    return out
+
+
+def offpolicy(results, chosen):
+    if "grpo online" not in chosen:  # one rate for the whole suite: online GRPO's
+        return []
+    off = ["--online", "--sample_every", "64"] + lr_flags(chosen["grpo online"]) + CURVE
+    runs = [
+        ("grpo online (sample every step)", ["--online", "--sample_every", "1"] + off[3:], SEEDS),
+        ("grpo off-policy (sample 64x every 64 steps)", off, SEEDS),
+        ("grpo off-policy+humanline k=16", off + ["--humanline", "--sync_every", "16"], SEEDS),
+        # which half of humanline does the work off-policy: the ratio's denominator is then the reference synced
+        # every 16 steps instead of the sampler, which can be 64 steps old
+        ("grpo off-policy+sync only k=16", off + ["--sync", "humanline", "--sync_every", "16"], FEW_SEEDS),
+        ("grpo off-policy+clamp only", off + ["--clip", "clamp"], FEW_SEEDS),
+        # syncing changes two terms: the ratio's denominator and the KL baseline (both the reference). Without
+        # the KL term (beta 0) only the denominator differs between these two rows
+        ("grpo off-policy, beta 0", off + ["--beta", "0"], FEW_SEEDS),
+        (
+            "grpo off-policy+humanline k=16, beta 0",
+            off + ["--humanline", "--sync_every", "16", "--beta", "0"],
+            FEW_SEEDS,
+        ),
+        # ... with the PPO clip [1 - eps, 1 + eps] opened wide: does the clip around a stale sampler hold it back?
+        ("grpo off-policy, beta 0, eps 100", off + ["--beta", "0", "--eps", "100"], FEW_SEEDS),
+    ]
+    return [Config(name, "grpo_humanline.py", flags, seeds) for name, flags, seeds in runs]
+
+
+def ablations(results, chosen):
+    out = []
+    if "dpo offline+humanline" in chosen:  # one rate for DPO's rows: offline+humanline DPO's
+        dpo = [
+            ("dpo offline", []),
+            ("dpo sync only", ["--sync", "humanline"]),
+            ("dpo clamp only", ["--clip", "clamp"]),
+            ("dpo sync+clamp (humanline)", ["--humanline"]),
+            ("dpo sync+sampling", ["--sync", "humanline", "--clip", "sampling"]),
+            ("dpo trust-region sync+clamp", ["--sync", "trust_region", "--clip", "clamp"]),
+        ]
+        dpo += [(f"dpo humanline k={k}", ["--humanline", "--sync_every", str(k)]) for k in (2, 4, 8, 16)]
+        dpo += [
+            (f"dpo humanline clip [{lo}, {hi}]", ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)])
+            for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))
+        ]  # the paper's Table 6
+        dpo = [(name, ["--offline"] + flags) for name, flags in dpo]
+        # regime probes: with k = 1 a token's log-ratio is one step's change, far inside every Table 6 range, so those
+        # rows cannot differ; ranges this tight make the clamp act on a few percent of tokens
+        dpo += [
+            (
+                f"dpo humanline clip [{-e:g}, {e:g}] (regime probe)",
+                ["--humanline", "--log_eps_P", str(-e), "--log_eps_R", str(e)],
+            )
+            for e in (0.01, 0.003)
+        ]
+        # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts
+        # keeps ~3200 pairs, so 80 steps of 32: compare with the other rows' step-80 evaluation), without and with
+        # humanline. Does the gap to online come from the offline data being another model's, or from its being stale?
+        once = ["--online", "--round_size", "4096", "--max_steps", "80"]
+        dpo += [
+            (f"dpo {name}on-policy data sampled once, 80 steps (data probe)", once + f)
+            for name, f in (("", []), ("humanline, ", ["--humanline"]))
+        ]
+        lr = lr_flags(chosen["dpo offline+humanline"]) + CURVE
+        out = [Config(name, "dpo_humanline.py", flags + lr, FEW_SEEDS) for name, flags in dpo]
+    out += [
+        Config(
+            f"{a} humanline clip [{-e:g}, {e:g}] (regime probe)",
+            f"{a}_humanline.py",
+            ["--offline", "--humanline", "--log_eps_P", str(-e), "--log_eps_R", str(e)]
+            + lr_flags(chosen[f"{a} offline+humanline"])
+            + CURVE,
+            FEW_SEEDS,
+        )
+        for a in ("kto", "grpo")
+        for e in (0.01, 0.003)
+        if f"{a} offline+humanline" in chosen
+    ]
+    if "grpo offline+humanline" in chosen:  # what holds plain offline GRPO back, at offline + humanline GRPO's rate:
+        # the KL term to the starting policy, or the PPO clip around it (which the synced reference resets every step)?
+        lr = lr_flags(chosen["grpo offline+humanline"]) + CURVE
+        probes = (("", []), (", beta 0", ["--beta", "0"]), (", beta 0, eps 100", ["--beta", "0", "--eps", "100"]))
+        out += [
+            Config(f"grpo offline{name} (clip probe)", "grpo_humanline.py", ["--offline"] + f + lr, FEW_SEEDS)
+            for name, f in probes
+        ]
+    return out
+
+
+def quality(results, chosen):
+    if "dpo offline+humanline" not in chosen:  # one rate: offline+humanline DPO's
+        return []
+    lr = lr_flags(chosen["dpo offline+humanline"]) + CURVE
+    out = [
+        Config(
+            f"dpo offline+humanline, quartile {q} of the data",
+            "dpo_humanline.py",
+            ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"] + lr,
+            FEW_SEEDS,
+        )
+        for q in (1, 2, 3, 4)
+    ]
+    # the other source: the weak model's 755 pairs (proxy -0.60) against as many of the strong's (-0.11), one epoch
+    return out + [
+        Config(
+            f"dpo offline+humanline, the {source} source's data, 23 steps",
+            "dpo_humanline.py",
+            ["--humanline", "--dataset", f"toy:{source}", "--max_steps", "23"] + lr,
+            FEW_SEEDS,
+        )
+        for source in ("weak", "strong")
+    ]
+
+
+def lora_sweep(results, chosen):
+    return [
+        Config(
+            f"{c} lora lr {m * paper_lr(c):g}", s, f + LORA_RANK + lr_flags(m * paper_lr(c)) + VALIDATION, SWEEP_SEEDS
+        )
+        for c, s, f in LORA_CELLS
+        for m in LORA_MULTIPLES
+    ]
+
+
+def lora(results, chosen):  # each at its own rate: full fine-tuning's from the sweep, LoRA's from lora_sweep
+    return [
+        Config(f"{c}{kind}", s, f + more + lr_flags(chosen[c + kind]) + CURVE, FEW_SEEDS)
+        for c, s, f in LORA_CELLS
+        for kind, more in (("", []), (" lora", LORA_RANK))
+        if c + kind in chosen
+    ]
+
+
+def instance_paths(results, seed):
+    """A toy instance built on this machine from `seed` by the recipe of the committed one (seed 0), cached beside the
+    results (the runner builds it); --quick uses tiny ones."""
+    return toy_task.cached(os.path.join(results, "instances"), instance_config(results, seed))
+
+
+def instance_config(results, seed):
+    return toy_task.ToyConfig(seed=seed, **(TINY if os.path.basename(results) == "quick" else {}))
+
+
+TINY = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, sft_steps=20, strong_steps=5, weak_step=10)
+TINY |= dict(
+    n_train_prompts=256, n_test_prompts=32, n_valid_prompts=32, offline_prompts=(("strong", 256), ("weak", 64))
+)
+
+
+def build_instances(results, configs):
+    for seed in [s for s in INSTANCES if any(c.name.startswith(f"instance {s}:") for c in configs)]:
+        built = toy_task.build(os.path.join(results, "instances"), instance_config(results, seed), verbose=False)
+        print(f"toy instance {seed}: {built.root}", flush=True)
+
+
+def quartile_file(results, q):
+    return os.path.join(results, "quality_data", f"quartile{q}.jsonl")
+
+
+# ---- the real model's suites -----------------------------------------------------------------------------------------
+def real_sweep(task):
+    def runs(results, chosen):
+        return [
+            Config(
+                f"{task} {cell} lr {m * paper_lr(cell):g}",
+                script,
+                flags + lr_flags(m * paper_lr(cell)),
+                REAL_SWEEP_SEEDS,
+            )
+            for cell, script, algo, mode in REAL_CELLS
+            for flags in [smollm2.flags(task, algo, mode, "valid", 128)]
+            for m in REAL_MULTIPLES
+        ]
+
+    return runs
+
+
+def real(task):
+    def runs(results, chosen):  # each variant at its rate chosen on the validation prompts
+        return [
+            Config(cell, script, smollm2.flags(task, algo, mode) + lr_flags(chosen[key]), REAL_SEEDS[algo])
+            for cell, script, algo, mode in REAL_CELLS
+            for key in [f"{task} {cell}"]
+            if key in chosen
+        ]
+
+    return runs
+
+
+# ---- the registry ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Suite:
+    runs: Callable  # (results folder, chosen rates) -> [Config]
+    sections: tuple = ("long", "tests", "time")  # the report's tables, in order (report.SECTIONS)
+    pairs: Callable = lambda names: []  # the comparisons it tests: (a, b) asks how a differs from b
+    plot: str = "bars"  # "curves" (reward against the step), "bars" (final reward) or "sweep" (against the rate)
+    group: Callable = lambda name: name.split()[0]  # curves: the row of panels a configuration is drawn in
+    note: Callable = lambda results, chosen: ""  # text under the title
+    held_out: str = "the toy test problems"
+    margin: float = 0.01  # TOST's equivalence margin of the reward, fixed before the runs
+    start: Callable = lambda: toy_start("test")  # the starting policy's reward on the held-out prompts
+    sweep: tuple = None  # a rate sweep: (cells, multiples, chosen key "{}", seeds) for choose_rates
+    model: str = "toy task"
+    task: str = None  # the real model's task: runs only when named; its runs checkpoint and measure quality
+    prepare: Callable = lambda results, configs: None  # makes what the runs read (instances, data) before they start
+    with_main: bool = False  # its table reads the main suite's rows too (their code counts in its provenance)
+
+
+def toy_start(split):
+    """The starting policy's greedy reward on the toy's test prompts (measured when the task was built) or validation
+    prompts (measured here, the way the scripts evaluate: greedy, the same scorer)."""
+    import json
+
+    toy = toy_task.load()
+    if split == "test":
+        with open(toy.stats) as f:
+            return json.load(f)["policy/test_reward"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = [json.loads(line)["prompt"] for line in open(toy.prompts_valid)]
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(toy.model).eval(), AutoTokenizer.from_pretrained(toy.model)
+    return toy_task.accuracy(model, tokenizer, prompts)[1]
+
+
+def main_pairs(names):
+    return [
+        (f"{a} {x}", f"{a} {y}")
+        for a in ("dpo", "kto", "grpo")
+        for x, y in (("offline+humanline", "offline"), ("offline+humanline", "online"), ("online+humanline", "online"))
+    ]
+
+
+def instance_pairs(names):
+    return [
+        (f"{prefix}{a} {x}", f"{prefix}{a} {y}")
+        for prefix in sorted({n.split(": ")[0] + ": " for n in names})
+        for a in ("dpo", "kto", "grpo")
+        for x, y in (("offline+humanline", "offline"), ("offline+humanline", "online"))
+    ]
+
+
+OFFPOLICY_PAIRS = [
+    ("grpo off-policy+humanline k=16", "grpo online (sample every step)"),
+    ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)"),
+    ("grpo off-policy+sync only k=16", "grpo off-policy+humanline k=16"),
+    ("grpo off-policy+clamp only", "grpo off-policy+humanline k=16"),
+    ("grpo off-policy+humanline k=16, beta 0", "grpo off-policy, beta 0"),
+    ("grpo off-policy, beta 0, eps 100", "grpo off-policy, beta 0"),
+]
+BOTH = "dpo sync+clamp (humanline)"
+ABLATION_PAIRS = [("dpo sync only", BOTH), ("dpo clamp only", BOTH), (BOTH, "dpo offline"), ("dpo sync+sampling", BOTH)]
+ABLATION_PAIRS += [
+    ("dpo trust-region sync+clamp", BOTH),
+    ("grpo offline, beta 0 (clip probe)", "grpo offline (clip probe)"),
+]
+ABLATION_PAIRS += [("grpo offline, beta 0, eps 100 (clip probe)", "grpo offline, beta 0 (clip probe)")]
+QUALITY_PAIRS = [
+    ("dpo offline+humanline, quartile 4 of the data", "dpo offline+humanline, quartile 1 of the data"),
+    (
+        "dpo offline+humanline, the weak source's data, 23 steps",
+        "dpo offline+humanline, the strong source's data, 23 steps",
+    ),
+]
+LORA_PAIRS = [(f"{a} offline+humanline lora", f"{a} {b} lora") for a in ("dpo", "grpo") for b in ("offline", "online")]
+LORA_PAIRS += [
+    (f"{a} {m} lora", f"{a} {m}") for a in ("dpo", "grpo") for m in ("offline", "offline+humanline", "online")
+]
+REAL_PAIRS = [(f"{a} offline+humanline", f"{a} {b}") for a in ("dpo", "kto", "grpo") for b in ("offline", "online")]
+
+
+def chosen_rates(cells, lora=False):
+    return lambda results, chosen: rates_line(chosen, cells, lora)
+
+
+SUITES = {
+    "sweep": Suite(sweep, ("sweep", "settings"), plot="sweep", sweep=(CELLS, MULTIPLES, "{}", SWEEP_SEEDS)),
+    "main": Suite(main, ("long", "tests", "time", "settings"), main_pairs, "curves", note=chosen_rates(CELLS)),
+    "instances": Suite(
+        instances,
+        ("instances", "long"),
+        instance_pairs,
+        "curves",
+        lambda name: name.split(": ")[0] + ": " + name.split(": ")[1].split()[0],
+        chosen_rates(CELLS),
+        with_main=True,
+        prepare=lambda results, configs: build_instances(results, configs),
+    ),
+    "offpolicy": Suite(
+        offpolicy,
+        pairs=lambda n: OFFPOLICY_PAIRS,
+        plot="curves",
+        group=lambda n: "off-policy GRPO",
+        note=chosen_rates(CELLS),
+    ),  # fmt: skip
+    "ablations": Suite(
+        ablations, ("long", "tests", "time", "step 80"), lambda n: ABLATION_PAIRS, note=chosen_rates(CELLS)
+    ),
+    "quality": Suite(
+        quality,
+        pairs=lambda n: QUALITY_PAIRS,
+        note=lambda results, chosen: quartile_note(results) + "\n\n" + rates_line(chosen, CELLS),
+        prepare=lambda results, configs: quartile_note(results),
+    ),
+    "lora_sweep": Suite(
+        lora_sweep,
+        held_out="the toy's 256 validation prompts",
+        sweep=(LORA_CELLS, LORA_MULTIPLES, "{} lora", SWEEP_SEEDS),
+    ),
+    "lora": Suite(
+        lora, ("long", "tests", "time", "lora"), lambda n: LORA_PAIRS, note=chosen_rates(LORA_CELLS, lora=True)
+    ),
+}
+for task in smollm2.TASKS:
+    cells = [(c, s, []) for c, s, _, _ in REAL_CELLS]
+    SUITES[f"{task}_sweep"] = Suite(
+        real_sweep(task),
+        ("long", "real sweep"),
+        held_out=f"the {task} task's 128 validation prompts (success rate)",
+        start=lambda task=task: smollm2.starting(task, "valid"),
+        sweep=(cells, REAL_MULTIPLES, f"{task} {{}}", REAL_SWEEP_SEEDS),
+        model="SmolLM2-135M-Instruct",
+        task=task,
+    )
+    SUITES[task] = Suite(
+        real(task),
+        ("long", "tests", "real", "time"),
+        lambda names: REAL_PAIRS,
+        held_out=f"the {task} task's 256 test prompts (success rate)",
+        margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
+        start=lambda task=task: smollm2.starting(task, "test"),
+        model="SmolLM2-135M-Instruct",
+        task=task,
+    )
+
+
+def quartile_note(results):
+    """The data-quality proxy's quartiles of the toy's `strong` data (the mean token log-prob of a pair under the
+    starting policy, lowest first), written for the quality suite to train on: their ranges."""
+    import json
+
+    rows = [json.loads(line) for line in open(toy_task.load().offline["strong"])]
+    rows.sort(key=lambda r: (r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2)
+    os.makedirs(os.path.dirname(quartile_file(results, 1)), exist_ok=True)
+    ranges = []
+    for q in range(4):
+        part = rows[q * len(rows) // 4 : (q + 1) * len(rows) // 4]
+        with open(quartile_file(results, q + 1), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in part)
+        proxy = [(r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2 for r in part]
+        ranges.append((min(proxy), max(proxy), len(part)))
+    return "Data-quality proxy ranges (mean token log-prob under the starting policy), quartiles 1-4: " + ", ".join(
+        f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in ranges
+    )
