@@ -87,8 +87,9 @@ def main():
     parser.add_argument("--report", action="store_true", help="only summarise finished runs")
     parser.add_argument("--only", default="", help="only configurations whose name contains this text")
     parser.add_argument("--mix_code", action="store_true", help="allow a table to hold runs of several code versions")
-    parser.add_argument("--new_seed", type=int, help="with --suite: rerun its finished configurations (those --only "
-                        "picks) with this seed, apart from the suite, and say whether each lands in its row's range")  # fmt: skip
+    new_seed = "with --suite: rerun its finished configurations (those --only picks) with this seed, apart from the"
+    new_seed += " suite, and say whether each lands in its row's range for a new seed"
+    parser.add_argument("--new_seed", type=int, help=new_seed)
     parser.add_argument("--results", default=RESULTS, help="results directory (--quick: a `quick` folder in it)")
     args = parser.parse_args()
     results = os.path.join(args.results, "quick") if args.quick else args.results
