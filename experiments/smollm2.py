@@ -58,8 +58,8 @@ SPLITS = {"test": 256, "valid": 128, "train": 2048}  # prompts per split, disjoi
 # ---- the runs' settings: two cores make a real model costly, so runs are short: 32 steps of 8 sequences (DPO: 4
 # pairs), prompts of at most 64 tokens; each online round of DPO and KTO 32 prompts x 4 samples, GRPO's groups of 4
 MODEL = ".cache/SmolLM2-135M-Instruct"
-COMMON = ["--model_name_or_path", MODEL, "--max_length", "128", "--max_prompt_length", "64"]
-COMMON += ["--micro_batch_size", "4", "--max_steps", "32"]
+LENGTHS = ["--max_length", "128", "--max_prompt_length", "64"]  # the longest prompt is 56 tokens with the template
+COMMON = ["--model_name_or_path", MODEL, *LENGTHS, "--micro_batch_size", "4", "--max_steps", "32"]
 ALGOS = {  # objective: (its batch, its online sampling)
     "dpo": (["--batch_size", "4"], ["--round_size", "32", "--num_samples", "4"]),
     "kto": (["--batch_size", "8"], ["--round_size", "32", "--num_samples", "4"]),
@@ -402,12 +402,12 @@ SHAPE |= dict(num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)
 
 def memory(out=os.path.join(ROOT, "experiments", "smollm2", "memory.md")):
     """The memory plan's training phase against the measured peak of two humanline DPO steps (micro-batches of 4
-    pairs of 128 tokens) on this model's shape with random weights, through tests/gpu_path_helper.py's `peak` (the
+    pairs of 128 tokens) on this model's shape with random weights, through tests/support/gpu_path_helper.py's `peak` (the
     peak resident memory above the process's own before the load, glibc told to give freed blocks back): every
     weight and LoRA adapters (rank 16), fp32 and bf16, with and without gradient checkpointing."""
     lines = ["| weights | precision | checkpointing | planned GiB | measured GiB | measured / planned |"]
     lines += ["|---|---|---|---|---|---|"]
-    helper = os.path.join(ROOT, "tests", "gpu_path_helper.py")
+    helper = os.path.join(ROOT, "tests", "support", "gpu_path_helper.py")
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
     for lora in (0, 16):
         for checkpointing in (False, True):

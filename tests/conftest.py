@@ -1,14 +1,18 @@
-"""Shared fixtures: the built-in toy task (the canonical instance committed in toy/)."""
+"""Shared fixtures: the built-in toy task (the canonical instance committed in toy/), its model and tokenizer. The
+helpers the test modules share (running a script, tiny models) and the helper programs are in tests/support/."""
 
 import os
 import signal
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-import plumbing
-import toy_task
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))  # import runs, warm, ...
+
+import plumbing  # noqa: E402
+import toy_task  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -26,6 +30,21 @@ def signal_handlers():
 @pytest.fixture(scope="session")
 def toy() -> toy_task.ToyPaths:
     return toy_task.load()
+
+
+@pytest.fixture(scope="module")
+def tok(toy):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(toy.model)
+
+
+@pytest.fixture(scope="module")
+def toy_model(toy):
+    """The toy's starting policy, fp32, in eval mode (a test that trains it makes its own)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(toy.model, dtype=torch.float32).eval()
 
 
 def make_session(module, out, policy, ref, opt, sched, tok, resume=False, step=0):

@@ -9,16 +9,16 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
+import runs
 import torch
 import torch.nn.functional as F
 import warm
 from conftest import make_session
+from runs import ENV
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import dpo_humanline
@@ -399,11 +399,6 @@ RIGHT = "3+9+0=12;2+8+1=11;1+7+1=09>0912"
 DROPPED = "3+9+0=02;2+8+0=10;1+7+1=09>0902"
 
 
-@pytest.fixture(scope="module")
-def tok(toy):
-    return AutoTokenizer.from_pretrained(toy.model)
-
-
 def ids(tok, text):
     return tok(text, add_special_tokens=False)["input_ids"]
 
@@ -553,11 +548,6 @@ def test_collate_pads_to_the_longest_sequence_and_masks_the_completion():
     assert collate(seqs[1:2], 3, torch.device("cpu"))[0].shape == (1, 2)  # no padding at all
 
 
-@pytest.fixture(scope="module")
-def toy_model(toy):
-    return AutoModelForCausalLM.from_pretrained(toy.model, dtype=torch.float32).eval()
-
-
 def test_token_logps_equals_an_independent_log_softmax(tok, toy_model):
     rows = [good_row(), {"prompt": "1+2=", "chosen": "2+1+0=03>003", "rejected": "9"}]
     pairs, _ = encode_pairs(rows, tok, Args())
@@ -602,55 +592,11 @@ BASE = [
     "0",
 ]
 ROUNDS = ["--round_size", "32", "--num_samples", "4"]  # online sampling's (offline they stop the run)
-ENV = {
-    k: v
-    for k, v in os.environ.items()
-    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-}
-ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-@dataclass
-class Run:
-    cmd: list
-    out: str
-    proc: subprocess.CompletedProcess
-
-    def check(self):
-        assert self.proc.returncode == 0, (
-            f"{' '.join(self.cmd)}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}"
-        )
-        return self
-
-    @property
-    def records(self):
-        with open(os.path.join(self.out, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f]
-
-    @property
-    def steps(self):
-        return [r for r in self.records if "loss" in r]
 
 
 def launch(extra, out, nproc=1):
-    launcher = (
-        [sys.executable]
-        if nproc == 1
-        else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    )
-    cmd = [
-        *launcher,
-        "dpo_humanline.py",
-        *BASE,
-        *ROUNDS * ("--online" in extra),
-        "--micro_batch_size",
-        str(4 // nproc),
-        *extra,
-        "--output_dir",
-        str(out),
-    ]
-    proc = warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    return Run(cmd, str(out), proc)
+    flags = [*BASE, *ROUNDS * ("--online" in extra), "--micro_batch_size", str(4 // nproc), *extra]
+    return runs.run("dpo_humanline.py", flags, out, nproc)
 
 
 @pytest.fixture(scope="module")
@@ -788,7 +734,7 @@ def test_help_lists_every_argument_the_methods_first():
     assert proc.returncode == 0, proc.stderr[-3000:]
     listed = [line.split()[0].rstrip(",") for line in proc.stdout.splitlines() if line.startswith("  --")]
     names = [f.name for f in dataclasses.fields(Args)]
-    assert sorted(listed) == sorted(f"--{n}" for n in names + ["no_fp32_head"])
+    assert sorted(listed) == sorted(f"--{n}" for n in names + ["no_fp32_head", "no_eval_at_start"])
     run = {f.name for f in dataclasses.fields(plumbing.RunArgs)}
     assert listed[0] == "--offline" and listed.index("--reward_threshold") < min(listed.index(f"--{n}") for n in run)
 

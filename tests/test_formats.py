@@ -214,7 +214,9 @@ CASES = (
                 "--max_new_tokens",
                 "6",
                 "--reward_funcs",
-                "tests.faulty_rewards:solution_length" if "solution" in s else "tests.faulty_rewards:checksum",
+                "tests.support.faulty_rewards:solution_length"
+                if "solution" in s
+                else "tests.support.faulty_rewards:checksum",
             ]
             + (["--as_chat"] if s == "prompt-only-standard" else []),
         )
@@ -236,7 +238,7 @@ CASES = (
                 "--reward_threshold",
                 "0",
                 "--reward_model",
-                "tests.faulty_rewards:length",
+                "tests.support.faulty_rewards:length",
             ],
         )
         for a in ("dpo", "kto")
@@ -368,7 +370,7 @@ def test_online_dpo_counts_cut_completions_and_adds_no_end_token(llama, tmp_path
             "--reward_threshold",
             "0",
             "--reward_model",
-            "tests.faulty_rewards:length",
+            "tests.support.faulty_rewards:length",
         ],
         tmp_path / "run",
     )
@@ -442,7 +444,7 @@ def test_a_scorer_failing_on_every_sample_stops_the_run_with_its_own_error(tmp_p
         else ["--eval_every", "1", "--num_eval_prompts", "4"]
     )
     with pytest.raises(SystemExit) as stopped:
-        train("dpo_humanline.py", extra + ["--reward_model", "tests.faulty_rewards:always_raises"], tmp_path)
+        train("dpo_humanline.py", extra + ["--reward_model", "tests.support.faulty_rewards:always_raises"], tmp_path)
     message = stopped.value.code
     assert isinstance(message, str) and "\n" not in message
     assert "failed on every sample" in message and "KeyError: 'solution'" in message and "of prompt '" in message

@@ -28,7 +28,7 @@ import memory_plan
 import plumbing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HELPER = os.path.join(ROOT, "tests", "gpu_path_helper.py")
+HELPER = os.path.join(ROOT, "tests", "support", "gpu_path_helper.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
@@ -190,7 +190,7 @@ def fsdp_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fsdp_results(fsdp_model, tmp_path_factory):
-    """One 2-process FSDP2 run (gloo) of tests/gpu_path_helper.py: loading and generation."""
+    """One 2-process FSDP2 run (gloo) of tests/support/gpu_path_helper.py: loading and generation."""
     tmp = tmp_path_factory.mktemp("fsdp_results")
     proc = warm.run(
         [*TORCHRUN, HELPER, "fsdp", str(fsdp_model), str(tmp / "out.json")],

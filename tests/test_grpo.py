@@ -8,15 +8,13 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
+import runs
 import torch
-import warm
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 import ref_free
 import toy_task
@@ -397,16 +395,11 @@ def test_micro_batches_split_a_step_by_rank_then_micro_batch():
     assert micro_batches(batch, args, 1, 2) == [[4, 5], [6, 7]]
 
 
-@pytest.fixture(scope="module")
-def toy_model(toy):
-    return AutoModelForCausalLM.from_pretrained(toy.model).eval(), AutoTokenizer.from_pretrained(toy.model)
-
-
 @pytest.mark.parametrize("rank, world", [(0, 1), (1, 2)])
-def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_model, rank, world):
+def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_model, tok, rank, world):
     """Online without --sync the reference is the sampler: at a sampling the policy computes the buffer's log-probs
     in the micro-batches training uses (this process's share), so that the first ratio after sampling is exactly 1."""
-    model, tok = toy_model
+    model = toy_model
     args = Args(batch_size=4, micro_batch_size=2, max_steps=10, sync="none")
     texts = [
         ("123+789=", "3+9+0=12;2+8+1=11;1+7+1=09>0912"),
@@ -449,8 +442,8 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
             assert torch.equal(got, expected)
 
 
-def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model):
-    model, tok = toy_model
+def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model, tok):
+    model = toy_model
     args = Args(num_generations=3)
     rows = [{"prompt": "123+789=", "solution": "912"}, {"prompt": "100+200=", "solution": "300"}]
     seen = {}
@@ -505,38 +498,6 @@ BASE_ARGS = [
     "--save_every",
     "0",
 ]
-ENV = {
-    k: v
-    for k, v in os.environ.items()
-    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-}
-ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-@dataclass
-class Run:
-    cmd: list
-    out: str
-    proc: subprocess.CompletedProcess
-
-    def check(self):
-        assert self.proc.returncode == 0, (
-            f"{' '.join(self.cmd)}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}"
-        )
-        return self
-
-    @property
-    def records(self):
-        with open(os.path.join(self.out, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f]
-
-    @property
-    def steps(self):
-        return [r for r in self.records if "loss" in r]
-
-    @property
-    def rounds(self):
-        return [r for r in self.records if "online/reward" in r]
 
 
 @pytest.fixture(scope="module")
@@ -547,24 +508,8 @@ def grpo_run(toy, tmp_path_factory):
     def run(extra, nproc=1, micro=4):
         key = (tuple(extra), nproc, micro)
         if key not in cache:
-            out = tmp_path_factory.mktemp("grpo")
-            launcher = (
-                [sys.executable]
-                if nproc == 1
-                else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-            )
-            cmd = [
-                *launcher,
-                "grpo_humanline.py",
-                *BASE_ARGS,
-                "--micro_batch_size",
-                str(micro),
-                *extra,
-                "--output_dir",
-                str(out),
-            ]
-            proc = warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-            cache[key] = Run(cmd, str(out), proc)
+            flags = [*BASE_ARGS, "--micro_batch_size", str(micro), *extra]
+            cache[key] = runs.run("grpo_humanline.py", flags, tmp_path_factory.mktemp("grpo"), nproc)
         return cache[key]
 
     return run
@@ -646,18 +591,7 @@ def test_resume_restores_the_sample_buffer_and_the_learning_rate(grpo_run, tmp_p
     shutil.copytree(full.out, out)
     for step in (4, 5):
         shutil.rmtree(out / f"checkpoint-{step}")
-    cmd = [
-        sys.executable,
-        "grpo_humanline.py",
-        *BASE_ARGS,
-        "--micro_batch_size",
-        "4",
-        *EVERY_4,
-        "--resume",
-        "--output_dir",
-        str(out),
-    ]
-    resumed = Run(cmd, str(out), warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)).check()
+    resumed = runs.run("grpo_humanline.py", [*BASE_ARGS, "--micro_batch_size", "4", *EVERY_4, "--resume"], out).check()
     assert "resumed from" in resumed.proc.stdout and "checkpoint-2" in resumed.proc.stdout
     assert resumed.records[: len(resumed.records) - 4] == [
         r for r in full.records if r["step"] <= 2

@@ -6,13 +6,12 @@ import copy
 import json
 import math
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
+import runs
 import torch
-import warm
 
 import kto_humanline as kto
 import plumbing
@@ -288,61 +287,31 @@ PAIR = ["--humanline", "--max_steps", "3", "--batch_size", "8", "--eval_prompts"
 
 
 def run_all(jobs, root):
-    """Run the commands two at a time: name -> (CompletedProcess, output_dir)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-
-    def run(name):
-        return warm.run(
-            jobs[name] + ["--output_dir", str(root / name)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
+    """Run the scripts two at a time: name -> Run, jobs {name: (flags, processes)}."""
     with ThreadPoolExecutor(2) as pool:
-        return {name: (result, root / name) for name, result in zip(jobs, pool.map(run, jobs))}
+        return dict(
+            zip(jobs, pool.map(lambda n: runs.run("kto_humanline.py", *jobs[n][:1], root / n, jobs[n][1]), jobs))
+        )
 
 
 @pytest.fixture(scope="module")
 def mode_runs(toy, tmp_path_factory):
-    return run_all(
-        {
-            name: [sys.executable, "kto_humanline.py", *SMALL, *ROUNDS * ("--online" in f), *f]
-            for name, f in MODES.items()
-        },
-        tmp_path_factory.mktemp("kto_modes"),
-    )
+    jobs = {name: ([*SMALL, *ROUNDS * ("--online" in f), *f], 1) for name, f in MODES.items()}
+    return run_all(jobs, tmp_path_factory.mktemp("kto_modes"))
 
 
 @pytest.fixture(scope="module")
 def pair_runs(toy, tmp_path_factory):
-    return run_all(
-        {
-            "two_processes": [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node",
-                "2",
-                "kto_humanline.py",
-                *PAIR,
-                "--micro_batch_size",
-                "4",
-            ],
-            "one_process": [sys.executable, "kto_humanline.py", *PAIR, "--micro_batch_size", "8"],
-        },
-        tmp_path_factory.mktemp("kto_pair"),
-    )
+    jobs = {
+        "two_processes": ([*PAIR, "--micro_batch_size", "4"], 2),
+        "one_process": ([*PAIR, "--micro_batch_size", "8"], 1),
+    }
+    return run_all(jobs, tmp_path_factory.mktemp("kto_pair"))
 
 
 def training_records(runs, name):
-    result, out = runs[name]
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    return records, [r for r in records if "loss" in r]
+    run = runs[name].check()
+    return run.records, run.steps
 
 
 @pytest.mark.parametrize("name", list(MODES))
@@ -355,8 +324,8 @@ def test_end_to_end(mode_runs, name):
     assert "eval/reward" in train[-1]
     assert any("online/round" in r for r in records) == name.startswith("online")
     assert all(r["online/truncated_completions"] == 0 for r in records if "online/round" in r)  # toy completions fit
-    out = mode_runs[name][1]
-    args = json.load(open(out / "args.json"))
+    out = mode_runs[name].out
+    args = json.load(open(os.path.join(out, "args.json")))
     # step 1 (r = z0 = 0): each loss is lambda / 2, so the mean over the 8 examples is (1.1 d + (8 - d)) / 16 for the
     # d desirable ones, with both kinds present: a weight that did not take effect gives another value
     assert any(train[0]["loss"] == pytest.approx((1.1 * d + (8 - d)) / 16, abs=1e-6) for d in range(1, 8))
@@ -366,7 +335,7 @@ def test_end_to_end(mode_runs, name):
         "trust_region": ("trust_region", "none"),
         "clip_sampling": ("none", "sampling"),
     }.get(name, ("none", "none"))
-    assert os.path.exists(out / "config.json") and os.path.isdir(out / "checkpoint-3")
+    assert os.path.exists(os.path.join(out, "config.json")) and os.path.isdir(os.path.join(out, "checkpoint-3"))
 
 
 def test_two_processes_equal_one(pair_runs):

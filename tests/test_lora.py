@@ -13,10 +13,12 @@ import sys
 
 import peft
 import pytest
+import runs
 import torch
 import warm
+from runs import ENV, records
 from safetensors.torch import load_file
-from test_performance import ENV, assert_same_training, records, run_in_process, steps
+from test_performance import assert_same_training, steps
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import dpo_humanline
@@ -88,10 +90,10 @@ class TwoModels:
 )
 def test_the_adapter_reference_equals_the_reference_free_path_and_two_models_step_by_step(flags, tmp_path, monkeypatch):
     argv = [*BASE, *flags, "--max_steps", "7"]
-    free, loads_free = run_in_process("dpo_humanline.py", argv, tmp_path / "free")
-    adapter, loads_adapter = run_in_process("dpo_humanline.py", [*argv, "--ref_free", "off"], tmp_path / "adapter")
+    free, _, loads_free = runs.run_here("dpo_humanline.py", argv, tmp_path / "free")
+    adapter, _, loads_adapter = runs.run_here("dpo_humanline.py", [*argv, "--ref_free", "off"], tmp_path / "adapter")
     monkeypatch.setattr(lora, "AdapterReference", TwoModels)
-    two, _ = run_in_process("dpo_humanline.py", [*argv, "--ref_free", "off"], tmp_path / "two")
+    two, _, _ = runs.run_here("dpo_humanline.py", [*argv, "--ref_free", "off"], tmp_path / "two")
     assert loads_free == loads_adapter == 1  # the base is read once: no second copy of it
     assert_same_training(two, adapter, 7)
     assert_same_training(two, free, 7)
@@ -168,7 +170,7 @@ def test_the_lora_flags_are_listed_with_the_methods_flags(script):
 
 def test_two_processes_with_adapters_train_as_one_and_print_no_warning(tmp_path):
     flags = [*BASE, "--humanline", "--sync_every", "2", "--max_steps", "5", "--save_every", "0"]
-    one, _ = run_in_process("dpo_humanline.py", [*flags, "--ref_free", "off"], tmp_path / "one")
+    one, _, _ = runs.run_here("dpo_humanline.py", [*flags, "--ref_free", "off"], tmp_path / "one")
     for ref in ("on", "off"):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         cmd += ["dpo_humanline.py", *flags, "--micro_batch_size", "2", "--ref_free", ref]
@@ -184,7 +186,7 @@ def test_two_processes_with_adapters_evaluate_and_sample_as_one(tmp_path):
     Greedy evaluations on two processes equal one process's; online sampling runs."""
     evaluated = [*BASE, "--humanline", "--max_steps", "3", "--eval_prompts", "toy", "--num_eval_prompts", "8"]
     evaluated += ["--eval_every", "0"]
-    one, _ = run_in_process("dpo_humanline.py", evaluated, tmp_path / "one")
+    one, _, _ = runs.run_here("dpo_humanline.py", evaluated, tmp_path / "one")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     online = [*BASE, "--online", "--num_generations", "4", "--max_steps", "2", "--output_dir", str(tmp_path / "grpo")]
     for argv in (
@@ -223,7 +225,7 @@ def test_two_processes_in_bf16_shard_a_bf16_base_beside_fp32_adapters(tmp_path):
 def test_lora_checkpoints_hold_the_adapters_and_resume_exactly(ref, tmp_path):
     flags = [*BASE, "--humanline", "--sync_every", "4", "--max_steps", "9", "--save_every", "3", "--ref_free", ref]
     out = tmp_path / "run"
-    full, _ = run_in_process("dpo_humanline.py", flags, out)
+    full, _, _ = runs.run_here("dpo_humanline.py", flags, out)
     state = torch.load(out / "checkpoint-6" / "state-rank0.pt", weights_only=True)
     assert state["policy"] and all("lora_" in k for k in state["policy"])  # the adapters, not the frozen base
     assert len(state["optimizer"]["state"]) == len(state["policy"])  # AdamW's moments of the adapters
@@ -231,14 +233,14 @@ def test_lora_checkpoints_hold_the_adapters_and_resume_exactly(ref, tmp_path):
     resumed = tmp_path / "resumed"
     shutil.copytree(out, resumed)
     shutil.rmtree(resumed / "checkpoint-9")
-    new, _ = run_in_process("dpo_humanline.py", [*flags, "--resume"], resumed)
+    new, _, _ = runs.run_here("dpo_humanline.py", [*flags, "--resume"], resumed)
     assert [r["step"] for r in steps(new)] == list(range(1, 10))
     assert_same_training(steps(full), steps(new), 9, rel=1e-6, abs_=1e-9)
 
 
 def test_the_run_ends_with_the_merged_model_and_the_adapter_each_loaded_by_its_library(tmp_path, toy):
     out = tmp_path / "run"
-    run_in_process("dpo_humanline.py", [*BASE, "--humanline", "--max_steps", "3"], out)
+    runs.run_here("dpo_humanline.py", [*BASE, "--humanline", "--max_steps", "3"], out)
     merged = AutoModelForCausalLM.from_pretrained(out)  # transformers alone: no peft
     base = AutoModelForCausalLM.from_pretrained(toy.model)
     ids = torch.tensor([[3, 5, 7, 9, 11, 13, 4, 6]])
@@ -265,8 +267,8 @@ def test_the_run_ends_with_the_merged_model_and_the_adapter_each_loaded_by_its_l
 )
 def test_kto_and_grpo_with_adapters_read_the_base_once_and_their_references_agree(script, flags, tmp_path):
     argv = [*BASE, *flags, "--max_steps", "5"]
-    free, loads_free = run_in_process(script, argv, tmp_path / "free")
-    adapter, loads_adapter = run_in_process(script, [*argv, "--ref_free", "off"], tmp_path / "adapter")
+    free, _, loads_free = runs.run_here(script, argv, tmp_path / "free")
+    adapter, _, loads_adapter = runs.run_here(script, [*argv, "--ref_free", "off"], tmp_path / "adapter")
     assert loads_free == loads_adapter == 1
     assert_same_training(free, adapter, 5)
 
@@ -276,7 +278,7 @@ def test_grpos_kl_to_the_initial_model_reads_the_base_with_the_adapters_disabled
     grows as the adapters train; read with the live adapters it would be the policy's own, 0, and --beta idle."""
     flags = [*BASE, "--online", "--beta", "0.1", "--kl_baseline", "initial", "--num_generations", "4"]
     flags += ["--learning_rate", "2e-3", "--max_steps", "5"]
-    records, loads = run_in_process("grpo_humanline.py", flags, tmp_path / "run")
+    records, _, loads = runs.run_here("grpo_humanline.py", flags, tmp_path / "run")
     kls = [r["kl"] for r in steps(records)]
     assert loads == 1 and kls[0] == pytest.approx(0, abs=1e-7)  # step 1: the adapters are still 0 (B = 0)
     assert min(kls[2:]) > 1e-4, kls
@@ -294,7 +296,7 @@ def test_a_bf16_base_merges_in_fp32_and_exports_in_bf16_with_a_config_that_says_
     weight rounds twice); the export's config names bf16, so from_pretrained loads what was written."""
     base_dir, out = bf16_copy(toy, tmp_path / "base"), tmp_path / "run"
     flags = [*BASE, "--humanline", "--max_steps", "3", "--precision", "bf16", "--learning_rate", "2e-3"]
-    run_in_process("dpo_humanline.py", ["--model_name_or_path", base_dir, *flags], out)
+    runs.run_here("dpo_humanline.py", ["--model_name_or_path", base_dir, *flags], out)
     merged, base = load_file(out / "model.safetensors"), load_file(os.path.join(base_dir, "model.safetensors"))
     adapter = load_file(out / "adapter" / "adapter_model.safetensors")
     assert {v.dtype for v in merged.values()} == {torch.bfloat16}
@@ -315,7 +317,7 @@ def test_a_fp32_model_trained_on_a_bf16_base_exports_fp32_with_its_tied_head_onc
     """The toy's file is fp32 and its head is tied: trained with adapters on its bf16 copy (--precision bf16), the
     merged model is written in the file's fp32, the tied head once (cast separately, it was a second tensor)."""
     out = tmp_path / "run"
-    run_in_process("dpo_humanline.py", [*BASE, "--humanline", "--max_steps", "2", "--precision", "bf16"], out)
+    runs.run_here("dpo_humanline.py", [*BASE, "--humanline", "--max_steps", "2", "--precision", "bf16"], out)
     merged, base = load_file(out / "model.safetensors"), load_file(os.path.join(toy.model, "model.safetensors"))
     assert merged.keys() == base.keys() and {v.dtype for v in merged.values()} == {torch.float32}
     assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
@@ -337,7 +339,7 @@ def test_lora_on_gpt2s_conv1d_layers_trains_merges_and_reloads_as_the_adapter(gp
     assert memory_plan.adapter_params(c, args) == 8 * 2 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))
     out = tmp_path / "run"
     lengths = ["--max_length", "48", "--max_prompt_length", "16", "--learning_rate", "2e-3"]
-    run_in_process("dpo_humanline.py", ["--model_name_or_path", gpt2, *BASE, *lengths, "--max_steps", "3"], out)
+    runs.run_here("dpo_humanline.py", ["--model_name_or_path", gpt2, *BASE, *lengths, "--max_steps", "3"], out)
     ids = torch.tensor([[3, 5, 7, 9, 11, 13, 4, 6]])
     with torch.no_grad():
         untrained = AutoModelForCausalLM.from_pretrained(gpt2)(ids).logits

@@ -9,20 +9,14 @@ processes (FSDP2), and a resume in the middle of a sync period.
 Single-process runs execute the real scripts in this process (`runpy`, exactly what `python script.py` runs):
 each is then ~1 s instead of ~10 s of imports and start-up. Two-process runs go through torchrun."""
 
-import contextlib
-import io
-import json
 import math
 import os
-import runpy
 import shutil
-import signal
-import sys
 from types import SimpleNamespace
 
 import pytest
+import runs
 import torch
-import warm
 from transformers import AutoModelForCausalLM
 
 import dpo_humanline
@@ -33,40 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ["--max_steps", "4", "--batch_size", "8", "--eval_prompts", "none", "--save_every", "0"]
 ACCUM = ["--micro_batch_size", "4"]  # two micro-batches per step on one process
 NOT_COMPARED = ("tokens_per_s", "online/seconds")  # and perf/*: timings and memory
-ENV = {
-    k: v
-    for k, v in os.environ.items()
-    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-}
-ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def records(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def run_in_process(script, flags, out, monkeypatch=None):
-    """`python script flags --output_dir out` in this process; returns (metrics records, models loaded)."""
-    loads = []
-    descriptor = AutoModelForCausalLM.__dict__["from_pretrained"]
-    original = AutoModelForCausalLM.from_pretrained.__func__
-
-    def counting(cls, *a, **kw):
-        loads.append(a[0] if a else kw.get("pretrained_model_name_or_path"))
-        return original(cls, *a, **kw)
-
-    argv, handler = sys.argv, signal.getsignal(signal.SIGTERM)
-    sys.argv = [script, *flags, "--output_dir", str(out)]
-    AutoModelForCausalLM.from_pretrained = classmethod(counting)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-    finally:
-        AutoModelForCausalLM.from_pretrained = descriptor
-        sys.argv = argv
-        signal.signal(signal.SIGTERM, handler)  # the scripts catch SIGTERM to stop cleanly
-    return records(out), len(loads)
 
 
 @pytest.fixture(scope="module")
@@ -78,28 +38,15 @@ def run(toy, tmp_path_factory):
         key = (script, tuple(flags))
         if key not in cache:
             out = tmp_path_factory.mktemp(script.split("_")[0])
-            cache[key] = (*run_in_process(script, flags, out), out)
+            recs, _, loads = runs.run_here(script, flags, out)
+            cache[key] = (recs, loads, out)
         return cache[key]
 
     return go
 
 
 def launch_two_processes(script, flags, out):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        script,
-        *flags,
-        "--output_dir",
-        str(out),
-    ]
-    proc = warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return records(out)
+    return runs.run(script, flags, out, nproc=2).check().records
 
 
 def steps(recs):
@@ -209,17 +156,17 @@ def test_ref_free_resumes_exactly_in_the_middle_of_a_sync_period(run, tmp_path):
     shutil.copytree(out, resumed)
     shutil.rmtree(resumed / "checkpoint-9")
     with pytest.raises(SystemExit, match="--ref_free on"):  # the checkpoint holds no reference model
-        run_in_process("dpo_humanline.py", [*flags, "--ref_free", "off", "--resume"], resumed)
+        runs.run_here("dpo_humanline.py", [*flags, "--ref_free", "off", "--resume"], resumed)
     held = torch.load(resumed / "checkpoint-6" / "state-rank0.pt", weights_only=True)["ref"]
     assert sorted(held["ahead"]) == [6, 7]  # 0-based steps 6 and 7 are the 7th and 8th
-    new = steps(run_in_process("dpo_humanline.py", [*flags, "--resume"], resumed)[0])
+    new = steps(runs.run_here("dpo_humanline.py", [*flags, "--resume"], resumed)[0])
     assert [r["step"] for r in new] == list(range(1, 10))
     assert_same_training(steps(full), new, 9, rel=1e-6, abs_=1e-9)
 
 
 def test_the_old_flag_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="unknown arguments: --precompute_ref"):
-        run_in_process("dpo_humanline.py", [*BASE, "--precompute_ref"], tmp_path)
+        runs.run_here("dpo_humanline.py", [*BASE, "--precompute_ref"], tmp_path)
 
 
 GROUPS = ["--online", "--num_generations", "4"]
@@ -260,7 +207,7 @@ def test_kept_weights_survive_a_resume(run, tmp_path):
     shutil.rmtree(resumed / "checkpoint-6")
     held = torch.load(resumed / "checkpoint-4" / "state-rank0.pt", weights_only=True)["ref"]
     assert held["weights"] is not None and held["steps"] == [4, 5] and not held["ahead"]
-    new = steps(run_in_process("grpo_humanline.py", [*flags, "--resume"], resumed)[0])
+    new = steps(runs.run_here("grpo_humanline.py", [*flags, "--resume"], resumed)[0])
     assert_same_training(steps(full), new, 6, rel=1e-6, abs_=1e-9)
 
 

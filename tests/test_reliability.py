@@ -10,14 +10,12 @@ that overflows the weights, real signals sent to real processes (SIGTERM, SIGKIL
 import ast
 import contextlib
 import importlib
-import io
 import json
 import math
 import os
 import pickle
 import random
 import re
-import runpy
 import shutil
 import signal
 import socket
@@ -25,11 +23,10 @@ import subprocess
 import sys
 import time
 from types import SimpleNamespace
-from unittest import mock
 
 import pytest
+import runs
 import torch
-import warm
 from conftest import make_session
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -40,12 +37,7 @@ torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 MODULES = {s: importlib.import_module(s[:-3]) for s in SCRIPTS}
-ENV = {
-    k: v
-    for k, v in os.environ.items()
-    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-}
-ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+ENV = runs.ENV | {"PYTHONUNBUFFERED": "1"}  # what a stopped run printed is read as it goes
 TINY = ["--batch_size", "8", "--eval_every", "0", "--num_eval_prompts", "8"]
 ONLINE = {
     "dpo_humanline.py": ["--online", "--round_size", "32", "--num_samples", "4"],
@@ -54,30 +46,16 @@ ONLINE = {
 }
 
 
-def command(script, extra, out, nproc=1):
-    launcher = (
-        [sys.executable]
-        if nproc == 1
-        else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    )
-    return [*launcher, script, *TINY, "--micro_batch_size", str(4 // nproc), *extra, "--output_dir", str(out)]
+def command(script, extra, out, nproc=1):  # this module's runs: TINY, micro-batches of 4 sequences in all
+    return runs.command(script, [*TINY, "--micro_batch_size", str(4 // nproc), *extra], out, nproc)
 
 
 def run(script, extra, out, nproc=1):
-    return warm.run(command(script, extra, out, nproc), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    return runs.run(script, [*TINY, "--micro_batch_size", str(4 // nproc), *extra], out, nproc, ENV, 300).proc
 
 
-def run_here(script, extra, out):
-    """The real script, run in this process (runpy), so that it costs no start-up: for runs that take no
-    signal. Returns what it printed."""
-    handler, printed = signal.getsignal(signal.SIGTERM), io.StringIO()
-    argv = [script, *TINY, "--micro_batch_size", "4", *extra, "--output_dir", str(out)]
-    try:
-        with mock.patch.object(sys, "argv", argv), contextlib.redirect_stdout(printed):
-            runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-    finally:
-        signal.signal(signal.SIGTERM, handler)  # the script's own, installed before its loop
-    return printed.getvalue()
+def run_here(script, extra, out):  # in this process: what it printed
+    return runs.run_here(script, [*TINY, "--micro_batch_size", "4", *extra], out)[1]
 
 
 class Started:
@@ -227,11 +205,6 @@ BAD_KTO = {
 }
 
 
-@pytest.fixture(scope="module")
-def tok(toy):
-    return AutoTokenizer.from_pretrained(toy.model)
-
-
 def encode_rows(script, rows, tok):
     m = MODULES[script]
     return plumbing.encode_rows(rows, tok, m.Args(), "data.jsonl", unpaired_ok=script == "kto_humanline.py")
@@ -377,7 +350,7 @@ def test_bad_rewards_are_dropped_and_counted_dpo(tmp_path, toy):
             "--save_every",
             "0",
             "--reward_model",
-            "tests.faulty_rewards:flaky",
+            "tests.support.faulty_rewards:flaky",
         ],
         tmp_path,
     )
@@ -401,7 +374,7 @@ def test_bad_rewards_drop_their_group_grpo(tmp_path, toy):
             "--sample_every",
             "16",
             "--reward_funcs",
-            "toy_verify,tests.faulty_rewards:flaky",
+            "toy_verify,tests.support.faulty_rewards:flaky",
         ],
         tmp_path,
     )
@@ -423,14 +396,14 @@ def test_on_bad_reward_stop_names_the_prompt(tmp_path, toy):
                 "--on_bad_reward",
                 "stop",
                 "--reward_model",
-                "tests.faulty_rewards:flaky",
+                "tests.support.faulty_rewards:flaky",
                 "--eval_prompts",
                 "none",
             ],
             tmp_path,
         )
     assert re.fullmatch(
-        r"stopping: the reward tests.faulty_rewards:flaky of prompt '\d+\+\d+=' "
+        r"stopping: the reward tests.support.faulty_rewards:flaky of prompt '\d+\+\d+=' "
         r"(is (nan|inf|None)|raised ValueError: cannot score .*) "
         r"\(\d+ bad rewards in this batch\); --on_bad_reward drop would leave such samples out",
         str(e.value),
@@ -930,10 +903,13 @@ PAIRS_ONLINE = {  # online training from (best, worst) pairs of each round's sam
 def test_a_round_that_keeps_too_few_pairs_is_followed_by_the_next_one(script, tmp_path, toy):
     """A policy that passes (or fails) most prompts keeps few pairs: such a round no longer stops the run (a real
     model's online DPO did at its 8th round), the next round is sampled and training goes on."""
-    import tests.faulty_rewards as faulty
+    import tests.support.faulty_rewards as faulty
 
     faulty.ties_at_first.calls = 0
-    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model", "tests.faulty_rewards:ties_at_first"]
+    scorer = [
+        "--reward_funcs" if script.startswith("grpo") else "--reward_model",
+        "tests.support.faulty_rewards:ties_at_first",
+    ]
     run_here(
         script,
         [*PAIRS_ONLINE[script], "--max_steps", "2", "--save_every", "0", "--eval_prompts", "none", *scorer],
@@ -950,13 +926,13 @@ def test_a_short_rounds_pairs_join_the_next_rounds(script, tmp_path, toy):
     round's instead of being thrown away (SmolLM2's online DPO threw away 135 pairs in 67 short rounds of 87). Two
     rounds, each short of a batch of 8 pairs (KTO: 8 examples; GRPO: 8 sequences), make one together: the first step
     follows the second round, not a third."""
-    import tests.faulty_rewards as faulty
+    import tests.support.faulty_rewards as faulty
 
     keep = [3, 6] if script.startswith("dpo") else [1, 3]  # pairs: 3 and 6 of 8; 2 and 6 of 8 examples (sequences)
     faulty.few_pairs_at_first.calls, faulty.few_pairs_at_first.keep = 0, keep
     scorer = [
         "--reward_funcs" if script.startswith("grpo") else "--reward_model",
-        "tests.faulty_rewards:few_pairs_at_first",
+        "tests.support.faulty_rewards:few_pairs_at_first",
     ]
     run_here(
         script,
@@ -973,7 +949,7 @@ def test_a_whole_pass_of_prompts_without_a_batch_of_pairs_ends_the_run_saved_in_
     prompts = tmp_path / "prompts.jsonl"
     with open(toy.prompts_train) as f:
         prompts.write_text("".join(f.readlines()[:64]))
-    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model", "tests.faulty_rewards:ties"]
+    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model", "tests.support.faulty_rewards:ties"]
     flags = [*PAIRS_ONLINE[script], "--dataset", str(prompts), "--max_steps", "2", "--num_eval_prompts", "8", *scorer]
     proc = run(script, flags, tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-2000:]

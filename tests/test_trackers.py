@@ -3,34 +3,20 @@
 Each tracker is read back through its own files: TensorBoard's event files with TensorBoard's reader, W&B's
 offline run file (a log of protobuf records, read here without the network) with W&B's own record schema."""
 
-import contextlib
 import glob
-import io
 import json
-import os
-import runpy
 import struct
+import subprocess
 import sys
-from unittest import mock
 
 import pytest
+import runs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--max_steps", "3", "--batch_size", "8", "--num_eval_prompts", "8", "--eval_every", "2", "--save_every", "0"]
 
 
-def run(script, flags, out):
-    argv = [script, *FLAGS, *flags, "--output_dir", str(out)]
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "humanline-test"}
-    with (
-        mock.patch.object(sys, "argv", argv),
-        mock.patch.dict(os.environ, env),
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-    ):
-        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+def run(script, flags, out):  # in this process: for the runs that stop before their first step
+    return runs.run_here(script, [*FLAGS, *flags], out)[0]
 
 
 def wandb_records(path):
@@ -61,7 +47,12 @@ def wandb_records(path):
 def test_tensorboard_and_wandb_hold_every_value_of_metrics_jsonl(script, flags, tmp_path, toy):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    records = run(script, [*flags, "--report_to", "tensorboard,wandb"], tmp_path)
+    # as a user runs it, a process of its own: at its end W&B's service has written the whole .wandb file
+    env = runs.ENV | {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "humanline-test"}
+    cmd = runs.command(script, [*FLAGS, *flags, "--report_to", "tensorboard,wandb"], tmp_path)
+    proc = subprocess.run(cmd, cwd=runs.ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = runs.records(tmp_path)
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3] and records[0]["step"] == 0  # the step-0 evaluation
     expected = {
         (r["step"], k): v for r in records for k, v in r.items() if k != "step"
@@ -75,8 +66,10 @@ def test_tensorboard_and_wandb_hold_every_value_of_metrics_jsonl(script, flags, 
     assert all(seen[key] == pytest.approx(v, rel=1e-6, abs=1e-12) for key, v in expected.items())  # float32 in events
 
     (path,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+    written = wandb_records(path)
+    assert written[-1].WhichOneof("record_type") == "exit"  # W&B's last record: the file is whole
     rows, config = {}, {}
-    for record in wandb_records(path):
+    for record in written:
         if record.WhichOneof("record_type") == "history":
             items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
             rows[items.pop("_step")] = {k: v for k, v in items.items() if not k.startswith("_")}
@@ -85,13 +78,16 @@ def test_tensorboard_and_wandb_hold_every_value_of_metrics_jsonl(script, flags, 
             assert record.run.project == "humanline-test"
     assert {(s, k): v for s, row in rows.items() for k, v in row.items()} == expected  # exactly: JSON both ways
     args = json.load(open(tmp_path / "args.json"))
-    assert {k: config[k] for k in args if k != "provenance"} == {k: v for k, v in args.items() if k != "provenance"}
+    ours = {k: v for k, v in args.items() if k not in ("provenance", "attempts")}  # the arguments, not what ran them
+    assert {k: config[k] for k in ours} == ours
 
 
-def test_a_tracker_that_is_not_installed_or_unknown_stops_with_one_line(tmp_path, toy):
-    with mock.patch.dict(sys.modules, {"wandb": None}), pytest.raises(SystemExit) as stopped:
+def test_a_tracker_that_is_not_installed_or_unknown_stops_with_one_line(tmp_path, toy, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # (patch.dict would also unload what the run imports)
+    with pytest.raises(SystemExit) as stopped:
         run("dpo_humanline.py", ["--report_to", "wandb", "--eval_prompts", "none"], tmp_path / "a")
     assert stopped.value.code == "--report_to wandb: the package is not installed (pip install wandb)"
+    monkeypatch.delitem(sys.modules, "wandb")
     with pytest.raises(SystemExit) as stopped:
         run("kto_humanline.py", ["--report_to", "mlflow"], tmp_path / "b")
     assert stopped.value.code == "--report_to mlflow: none, tensorboard, wandb or tensorboard,wandb"

@@ -616,13 +616,13 @@ def test_the_authors_sync_as_executed_gives_the_reference_the_weights_after_the_
 
 
 def torchrun(helper, nproc, out):
-    """tests/<helper> on `nproc` processes of one machine, writing to `out`."""
+    """tests/support/<helper> on `nproc` processes of one machine, writing to `out`."""
     import subprocess
     import sys
 
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = launch + [os.path.join(ROOT, "tests", helper), str(out)]
+    cmd = launch + [os.path.join(ROOT, "tests", "support", helper), str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -632,9 +632,10 @@ def torchrun(helper, nproc, out):
 
 def test_under_fsdp2_the_callback_syncs_each_processs_shards_before_each_kth_update(tmp_path):
     """Two gloo processes, the toy's policy and reference each sharded with fully_shard, in Trainer's order of calls
-    (tests/fsdp_callback_helper.py: Trainer itself does not shard on a CPU). As written, after each k-th update the
-    reference holds the policy's weights from before it, and between syncs its own; without the reshard line the
-    reference's forward leaves its root gathered and the sync silently misses: the line is what makes it work."""
+    (tests/support/fsdp_callback_helper.py: Trainer itself does not shard on a CPU). As written, after each k-th
+    update the reference holds the policy's weights from before it, and between syncs its own; without the reshard
+    line the reference's forward leaves its root gathered and the sync silently misses: the line is what makes it
+    work."""
     torchrun("fsdp_callback_helper.py", 2, tmp_path / "out")
     for rank in (0, 1):
         result = json.loads((tmp_path / f"out.{rank}").read_text())
@@ -646,9 +647,10 @@ def test_under_fsdp2_the_callback_syncs_each_processs_shards_before_each_kth_upd
 
 
 def test_under_deepspeed_the_update_comes_before_the_hook_and_the_callback_stops(tmp_path):
-    """DeepSpeed (ZeRO-2) on a CPU under Trainer, one process (tests/deepspeed_helper.py): at each step a weight already
-    holds the step's update at on_pre_optimizer_step (accelerate runs the engine's step inside backward), so a copy
-    there would be TR-DPO's sync; the page's callback, made for that trainer, stops in one line saying so."""
+    """DeepSpeed (ZeRO-2) on a CPU under Trainer, one process (tests/support/deepspeed_helper.py): at each step a
+    weight already holds the step's update at on_pre_optimizer_step (accelerate runs the engine's step inside
+    backward), so a copy there would be TR-DPO's sync; the page's callback, made for that trainer, stops in one line
+    saying so."""
     torchrun("deepspeed_helper.py", 1, tmp_path / "out.json")
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["deepspeed"]

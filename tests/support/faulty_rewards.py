@@ -1,5 +1,5 @@
 """Reward functions for the tests (some misbehave on purpose): passed to the scripts as
-`--reward_model tests.faulty_rewards:flaky` (or in GRPO's --reward_funcs), the way a user passes their own
+`--reward_model tests.support.faulty_rewards:flaky` (or in GRPO's --reward_funcs), the way a user passes their own
 module:function."""
 
 import math

@@ -1,6 +1,6 @@
 """docs/your-trainer.md's HumanlineSync under FSDP2, on two gloo processes (tests/test_your_trainer.py runs it):
 
-    torchrun --nproc_per_node 2 tests/fsdp_callback_helper.py OUT
+    torchrun --nproc_per_node 2 tests/support/fsdp_callback_helper.py OUT
 
 transformers' Trainer does not shard on a CPU (its FSDP route stops: "Using fsdp only works in distributed training";
 with use_cpu=True it trains unsharded), so a loop of Trainer's order stands in for it: forward, the reference's
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 import toy_task  # noqa: E402
 

@@ -1,11 +1,11 @@
 """Measurements of the GPU code paths on a CPU, each in a fresh process (tests/test_gpu_path.py runs them):
 
     # FSDP2 on gloo: loading, all-gathers per generate call
-    torchrun --nproc_per_node 2 tests/gpu_path_helper.py fsdp MODEL_DIR OUT.json
+    torchrun --nproc_per_node 2 tests/support/gpu_path_helper.py fsdp MODEL_DIR OUT.json
     # FSDP2 on gloo: two steps of the script's own loop (gradients per micro-batch, the bf16 dtype chain)
-    torchrun --nproc_per_node 2 tests/gpu_path_helper.py train MODEL_DIR OUT.json PRECISION
+    torchrun --nproc_per_node 2 tests/support/gpu_path_helper.py train MODEL_DIR OUT.json PRECISION
     # two steps of the script's own loop on one process: the peak memory against the plan
-    python tests/gpu_path_helper.py peak SHAPE_JSON OUT.json
+    python tests/support/gpu_path_helper.py peak SHAPE_JSON OUT.json
 
 Each uses dpo_humanline.py's own code: load_model and generate, or its main() with its loop as it is, watched
 through the functions the loop calls (accumulate after each micro-batch's backward, dpo_loss, optimizer_step)."""
@@ -18,13 +18,13 @@ from unittest import mock
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import dpo_humanline as dpo  # noqa: E402
 import memory_plan  # noqa: E402
 import plumbing  # noqa: E402
 import ref_free  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 torch.set_num_threads(1)
 
 

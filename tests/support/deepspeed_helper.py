@@ -1,6 +1,6 @@
 """DeepSpeed on a CPU under transformers' Trainer (tests/test_your_trainer.py runs it):
 
-    torchrun --nproc_per_node 1 tests/deepspeed_helper.py OUT.json
+    torchrun --nproc_per_node 1 tests/support/deepspeed_helper.py OUT.json
 
 Trains the toy for 3 steps with ZeRO stage 2 and records one weight's sum at on_step_begin, on_pre_optimizer_step
 and on_step_end: accelerate runs DeepSpeed's optimizer step inside backward(), so the update is already in the
@@ -16,7 +16,7 @@ import datasets
 import torch
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 import toy_task  # noqa: E402
 

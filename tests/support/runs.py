@@ -1,0 +1,103 @@
+"""What the test modules share: the environment a script runs in, running a script (as a process, forked from a warm
+server as `warm.run` does, or in this process), the records it writes, and the tiny models the tests build."""
+
+import contextlib
+import io
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from unittest import mock
+
+import warm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# a script run by a test: one thread (two run at a time on 2 cores), no process group of the test's own
+DIST = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+ENV = {k: v for k, v in os.environ.items() if k not in DIST} | {
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def command(script, flags, out, nproc=1):
+    """`python script flags --output_dir out`, or torchrun's on `nproc` processes of this machine."""
+    launch = [sys.executable] + ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] * (
+        nproc > 1
+    )
+    return [*launch, script, *flags, "--output_dir", str(out)]
+
+
+def records(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@dataclass
+class Run:
+    cmd: list
+    out: str
+    proc: subprocess.CompletedProcess
+
+    def check(self):
+        assert self.proc.returncode == 0, (
+            f"{' '.join(self.cmd)}\n--- stdout\n{self.proc.stdout[-3000:]}\n--- stderr\n{self.proc.stderr[-5000:]}"
+        )
+        return self
+
+    @property
+    def records(self):
+        return records(self.out)
+
+    @property
+    def steps(self):
+        return [r for r in self.records if "loss" in r]
+
+    @property
+    def rounds(self):
+        return [r for r in self.records if "online/reward" in r]
+
+
+def run(script, flags, out, nproc=1, env=None, timeout=600):
+    """The script as a user runs it (forked from a warm server: tests/support/warm.py), in a process of its own."""
+    cmd = command(script, flags, out, nproc)
+    return Run(cmd, str(out), warm.run(cmd, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=timeout))
+
+
+def run_here(script, flags, out, env=None):
+    """The script's own main in this process (no start-up cost), for runs that take no signal and need no process of
+    their own: (its records, what it printed, the models from_pretrained loaded)."""
+    from transformers import AutoModelForCausalLM
+
+    loads, printed = [], io.StringIO()
+    original = AutoModelForCausalLM.from_pretrained.__func__
+
+    def counting(cls, *a, **kw):
+        loads.append(a[0] if a else kw.get("pretrained_model_name_or_path"))
+        return original(cls, *a, **kw)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with (
+            mock.patch.object(sys, "argv", [script, *flags, "--output_dir", str(out)]),
+            mock.patch.object(AutoModelForCausalLM, "from_pretrained", classmethod(counting)),
+            mock.patch.dict(os.environ, env or {}),
+            contextlib.redirect_stdout(printed),
+        ):
+            runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # the scripts catch SIGTERM to stop cleanly
+    return records(out), printed.getvalue(), len(loads)
+
+
+def llama(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=None, mlp=None, **kw):
+    """A tiny Llama's config: `hidden` wide, an MLP of `mlp` (2 hidden), `kv_heads` key-value heads (all)."""
+    from transformers import LlamaConfig
+
+    sizes = dict(hidden_size=hidden, intermediate_size=mlp or 2 * hidden, num_hidden_layers=layers)
+    return LlamaConfig(
+        vocab_size=vocab, num_attention_heads=heads, num_key_value_heads=kv_heads or heads, **sizes, **kw
+    )
