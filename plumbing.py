@@ -772,6 +772,8 @@ class Session:
         what = f"{self.short} rounds in a row (a whole pass over the prompts) gave less than a batch"
         failed = f"rewards failed on {len(self.failures)} of {self.sampled} samples"
         lost = f"leaving {self.lost} prompts fewer than two scored; the first: {(self.failures or [''])[0]}"
+        if self.lost:
+            self.bar.close()  # the line that says why stands alone
         fail(self.lost, f"stopping: {what}: {failed}, {lost}")
         self.end_early(f"{what}: each prompt's samples scored alike, the policy has converged on them", evaluate)
         return True
@@ -914,8 +916,8 @@ class Session:
 
 MODE = ("offline", "online", "humanline", "sync", "clip", "pairs_from_samples", "sample_every", "seed", "plan_only")
 RESUMABLE = (  # settings a resumed run may change
-    "resume output_dir save_every log_every eval_every eval_at_start num_eval_prompts eval_prompts dist_timeout report_to "
-    "overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code ignore_memory_plan"
+    "resume output_dir save_every log_every eval_every eval_at_start num_eval_prompts eval_prompts dist_timeout "
+    "report_to overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code ignore_memory_plan"
 ).split()
 
 

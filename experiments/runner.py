@@ -135,18 +135,20 @@ def launch(results, suite, name, script, flags, seed, task=None):
         raise SystemExit(f"{' '.join(cmd)} {'stopped' if stopped else f'failed ({code})'}; see {out}/log.txt")
     if task:  # what the reward leaves out, measured on the run's last answers
         quality = [sys.executable, os.path.join(ROOT, "experiments", "smollm2.py"), "quality", "--task", task]
-        got = subprocess.run(quality + ["--samples", os.path.join(out, "eval_samples.jsonl")], env=env, cwd=ROOT)
-        if got.returncode:
-            raise SystemExit(f"{' '.join(quality)} failed ({got.returncode}) on {out}")
+        quality += ["--samples", os.path.join(out, "eval_samples.jsonl")]
+        if run_script(quality, env, os.path.join(out, "quality.log"))[0]:
+            raise SystemExit(f"{' '.join(quality)} failed; see {out}/quality.log")
     for file in os.listdir(out):  # keep the metrics and the answers, drop the weights
-        if file not in KEPT + ("log.txt",):
+        if file not in KEPT + ("log.txt", "quality.log"):
             p = os.path.join(out, file)
             shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{seconds['wall']:.1f}\n")
     with open(os.path.join(out, "cpu_seconds"), "w") as f:  # last: its presence marks a complete folder
         f.write(f"{seconds['cpu']:.1f}\n")
-    os.remove(os.path.join(out, "log.txt"))
+    for log in ("log.txt", "quality.log"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, log))
 
 
 def run_suite(results, suite, entry, configs, jobs, only=""):

@@ -402,7 +402,7 @@ SHAPE |= dict(num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)
 
 def memory(out=os.path.join(ROOT, "experiments", "smollm2", "memory.md")):
     """The memory plan's training phase against the measured peak of two humanline DPO steps (micro-batches of 4
-    pairs of 128 tokens) on this model's shape with random weights, through tests/support/gpu_path_helper.py's `peak` (the
+    pairs of 128 tokens) on this model's shape with random weights, through tests/support/gpu_path_helper.py (the
     peak resident memory above the process's own before the load, glibc told to give freed blocks back): every
     weight and LoRA adapters (rank 16), fp32 and bf16, with and without gradient checkpointing."""
     lines = ["| weights | precision | checkpointing | planned GiB | measured GiB | measured / planned |"]

@@ -15,13 +15,16 @@ from scipy import stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import report  # noqa: E402
 import run  # noqa: E402
+import runner  # noqa: E402
+import suites  # noqa: E402
 
 
 def test_holm_by_hand():
     # sorted: 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04 -> monotone 0.06
-    assert list(run.holm([0.01, 0.04, 0.03])) == pytest.approx([0.03, 0.06, 0.06])
-    assert list(run.holm([0.5, 0.9])) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert list(report.holm([0.01, 0.04, 0.03])) == pytest.approx([0.03, 0.06, 0.06])
+    assert list(report.holm([0.5, 0.9])) == pytest.approx([1.0, 1.0])  # capped at 1
 
 
 @pytest.mark.parametrize(
@@ -37,69 +40,39 @@ def test_tost_is_two_shifted_one_sided_welch_tests(a, b):
     m = 0.01
     lower = stats.ttest_ind(np.add(a, m), b, equal_var=False, alternative="greater").pvalue
     upper = stats.ttest_ind(np.subtract(a, m), b, equal_var=False, alternative="less").pvalue
-    assert run.tost(a, b, m) == pytest.approx(max(lower, upper), rel=1e-9)
+    assert report.tost(a, b, m) == pytest.approx(max(lower, upper), rel=1e-9)
 
 
 def test_tost_decides_both_ways():
-    assert run.tost([0.851, 0.853, 0.849], [0.850, 0.852, 0.848], 0.01) < 0.01  # tight and close: equivalent
-    assert run.tost([0.80, 0.83, 0.78], [0.85, 0.86, 0.84], 0.01) > 0.5  # far apart: not equivalent
-    assert run.tost([0.5] * 3, [0.5] * 3, 0.01) == 0.0 and run.tost([0.5] * 3, [0.6] * 3, 0.01) == 1.0  # no spread
+    assert report.tost([0.851, 0.853, 0.849], [0.850, 0.852, 0.848], 0.01) < 0.01  # tight and close: equivalent
+    assert report.tost([0.80, 0.83, 0.78], [0.85, 0.86, 0.84], 0.01) > 0.5  # far apart: not equivalent
+    assert (
+        report.tost([0.5] * 3, [0.5] * 3, 0.01) == 0.0 and report.tost([0.5] * 3, [0.6] * 3, 0.01) == 1.0
+    )  # no spread
 
 
-def fake_run(
-    results, suite, name, seed, rewards_by_step, wall=10.0, cpu=None, code="abc", clamped=0.0, margin=1.0, lr=None
-):
-    out = os.path.join(results, "runs", suite, run.run_key(name, seed))
+def fake_run(results, suite, name, seed, rewards_by_step, wall=10.0, cpu=None, code="abc", clamped=0.0, **more):
+    """A finished run's folder as the runner leaves it; `quality`: a real model's (its answers' quality.json, 10% cut);
+    `margin`, `lr`: its reward margin and learning rate."""
+    margin, lr, quality = more.get("margin", 1.0), more.get("lr"), more.get("quality", False)
+    out = os.path.join(results, "runs", suite, runner.run_key(name, seed))
     os.makedirs(out)
+    evaluated = {"eval/truncated_frac": 0.1} if quality else {}
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         for step, reward in rewards_by_step:
-            f.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "loss": 0.5,
-                        "perf/step_seconds": wall / 100,
-                        "humanline/clamped_frac": clamped,
-                        "rewards/margins": margin,
-                        "eval/reward": reward,
-                        "eval/accuracy": reward / 2,
-                    }
-                )
-                + "\n"
-            )
+            record = {"step": step, "loss": 0.5, "perf/step_seconds": wall / 100, "humanline/clamped_frac": clamped}
+            record |= {"rewards/margins": margin, "eval/reward": reward, "eval/accuracy": reward / 2} | evaluated
+            f.write(json.dumps(record) + "\n")
+    provenance = {"code": code, "commit": "0123456789ab", "dirty": False, "torch": "2.13.0", "transformers": "5.23.0"}
+    args = dict(seed=seed, learning_rate=lr, batch_size=32, beta=0.1, max_grad_norm=1.0, online="online" in name)
+    args |= dict(sync="humanline" if "humanline" in name else "none", sync_every=1, log_eps_P=-1.5, log_eps_R=1.5)
+    args |= dict(clip="clamp" if "humanline" in name else "none", round_size=256, num_samples=8, temperature=0.7)
+    args |= dict(max_steps=120, adam_eps=1e-5, weight_decay=0.01, warmup_ratio=0.1, ref_free="on", max_new_tokens=40)
     with open(os.path.join(out, "args.json"), "w") as f:
-        json.dump(
-            {
-                "seed": seed,
-                "learning_rate": lr,
-                "batch_size": 32,
-                "beta": 0.1,
-                "max_grad_norm": 1.0,
-                "online": "online" in name,
-                "sync": "humanline" if "humanline" in name else "none",
-                "sync_every": 1,
-                "clip": "clamp" if "humanline" in name else "none",
-                "log_eps_P": -1.5,
-                "log_eps_R": 1.5,
-                "round_size": 256,
-                "num_samples": 8,
-                "temperature": 0.7,
-                "max_steps": 120,
-                "adam_eps": 1e-5,
-                "weight_decay": 0.01,
-                "warmup_ratio": 0.1,
-                "ref_free": "on",
-                "max_new_tokens": 40,
-                "provenance": {
-                    "code": code,
-                    "commit": "0123456789ab",
-                    "dirty": False,
-                    "torch": "2.13.0",
-                    "transformers": "5.23.0",
-                },
-            },
-            f,
-        )
+        json.dump(args | {"provenance": provenance}, f)
+    if quality:
+        with open(os.path.join(out, "quality.json"), "w") as f:
+            json.dump({"perplexity": 12.0, "repeated_words": 0.2}, f)
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{wall}\n")
     with open(os.path.join(out, "cpu_seconds"), "w") as f:
@@ -107,8 +80,8 @@ def fake_run(
 
 
 def dpo_main(results):
-    chosen = {cell: run.paper_lr(cell) for cell, _, _ in run.CELLS}
-    return [c for c in run.suites(results, chosen)["main"] if c[0].startswith("dpo")]
+    chosen = {cell: suites.paper_lr(cell) for cell, _, _ in suites.CELLS}
+    return [c for c in suites.SUITES["main"].runs(results, chosen) if c[0].startswith("dpo")]
 
 
 def test_summary_and_significance_on_known_runs(tmp_path):
@@ -130,11 +103,11 @@ def test_summary_and_significance_on_known_runs(tmp_path):
                 [(0, 0.4), (120, finals[name][seed])],
                 wall=100.0 if "online" in name else 20.0,
             )
-    rows = {r["config"]: r for r in run.summarize(run.load_runs(results, "main"), configs)}
+    rows = {r["config"]: r for r in report.summarize(runner.load_runs(results, "main"), configs)}
     off = rows["dpo offline"]
     assert off["seeds"] == 5 and off["reward"][0] == pytest.approx(0.5)
     assert off["reward"][1] == pytest.approx(stats.sem(finals["dpo offline"]))
-    tests = {t["comparison"]: t for t in run.significance(list(rows.values()), run.comparisons("main"))}
+    tests = {t["comparison"]: t for t in report.significance(list(rows.values()), suites.main_pairs([]))}
     assert len(tests) == 3  # KTO and GRPO have no runs here
     p = {
         k: stats.ttest_ind(finals[a], finals[b], equal_var=False).pvalue
@@ -155,7 +128,7 @@ def test_summary_and_significance_on_known_runs(tmp_path):
         hl["verdict"] == ("equivalent (within ±0.01)" if hl["p_tost_holm"] < 0.05 else "not decided")
         and hl["p_holm"] > 0.05
     )
-    run.report(results, "main", configs)
+    report.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
     assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.542-0.678 | 0.305 ± 0.005 | 5e-06 | clamp idle |" in table
     assert (
@@ -190,7 +163,7 @@ def test_time_ratios_use_medians_of_cpu_time(tmp_path):
                 wall=walls[name][seed],
                 cpu=walls[name][seed] / 2,
             )
-    run.report(results, "main", configs)
+    report.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
     assert "| dpo online / dpo offline+humanline | 3.00 | 3.00 |" in table  # median 60 / median 20
     assert "| dpo offline+humanline / dpo offline | 2.00 | 2.00 |" in table
@@ -202,21 +175,23 @@ def test_a_table_refuses_runs_of_two_code_versions(tmp_path):
     for seed in configs[0][3]:
         fake_run(results, "main", configs[0][0], seed, [(120, 0.5)], code="new" if seed else "old")
     with pytest.raises(SystemExit, match="2 versions of the code \\(new, old\\)"):
-        run.report(results, "main", configs)
-    run.report(results, "main", configs, mix_code=True)
+        report.report(results, "main", configs)
+    report.report(results, "main", configs, mix_code=True)
     assert "5 runs of code new, old" in open(os.path.join(results, "main.md")).read()
     (name, _, _, seeds), (other, _, _, _) = configs[0], dpo_main(results)[1]
     for seed in seeds:  # a second row, all of the old code: the table says which rows ran which version
         fake_run(results, "main", other, seed, [(120, 0.5)], code="old")
-    run.report(results, "main", dpo_main(results)[:2], mix_code=True)
+    report.report(results, "main", dpo_main(results)[:2], mix_code=True)
     assert f"Code new: {name}. Code old: {name}; {other}." in open(os.path.join(results, "main.md")).read()
 
 
 def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_is_complete(tmp_path):
     results = str(tmp_path)
-    sweep = [c for c in run.suites(results, {})["sweep"] if c[0].startswith("dpo offline lr")]
-    assert [run.rate_of(c[2]) for c in sweep] == pytest.approx([1.25e-6, 2.5e-6, 5e-6, 1e-5, 2e-5])  # 0.25x-4x of 5e-6
-    assert all("toy:valid" in c[2] for c in sweep) and all(c[3] == run.SWEEP_SEEDS for c in sweep)
+    sweep = [c for c in suites.SUITES["sweep"].runs(results, {}) if c[0].startswith("dpo offline lr")]
+    assert [suites.rate_of(c[2]) for c in sweep] == pytest.approx(
+        [1.25e-6, 2.5e-6, 5e-6, 1e-5, 2e-5]
+    )  # 0.25x-4x of 5e-6
+    assert all("toy:valid" in c[2] for c in sweep) and all(c[3] == suites.SWEEP_SEEDS for c in sweep)
     means = [0.80, 0.84, 0.85, 0.86, 0.70]  # 1e-5 is best on average, though one seed of 5e-6 is the best single run
     for (name, _, flags, seeds), mean in zip(sweep, means):
         for i, seed in enumerate(seeds):
@@ -227,8 +202,8 @@ def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_
                 seed,
                 [(120, mean + (0.02 if mean == 0.85 and i == 0 else 0.0) - (0.01 * (i == 2) if mean == 0.85 else 0))],
             )
-    assert run.choose_rates(results) == {"dpo offline": 1e-5}
-    run.report(results, "sweep", sweep)
+    assert report.choose_rates(results) == {"dpo offline": 1e-5}
+    report.report(results, "sweep", sweep)
     table = open(os.path.join(results, "sweep.md")).read()
     assert (
         "| dpo offline | 5e-06 | 0.800 ± 0.000 | 0.840 ± 0.000 | 0.853 ± 0.009 | **0.860 ± 0.000** | 0.700 ± 0.000 "
@@ -237,13 +212,13 @@ def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_
     assert "| dpo offline+humanline | 5e-06 |  |  |  |  |  | not yet |" in table
     assert open(os.path.join(results, "setup.md")).read().startswith("| variant | batch |")
     os.remove(
-        os.path.join(results, "runs", "sweep", run.run_key(sweep[0][0], sweep[0][3][0]), "cpu_seconds")
+        os.path.join(results, "runs", "sweep", runner.run_key(sweep[0][0], sweep[0][3][0]), "cpu_seconds")
     )  # unfinished
-    assert run.choose_rates(results) == {}
-    main = {c[0]: c for c in run.suites(results, {"dpo offline": 1e-5})["main"]}
+    assert report.choose_rates(results) == {}
+    main = {c[0]: c for c in suites.SUITES["main"].runs(results, {"dpo offline": 1e-5})}
     assert (
         list(main) == ["dpo offline"]
-        and run.rate_of(main["dpo offline"][2]) == 1e-5
+        and suites.rate_of(main["dpo offline"][2]) == 1e-5
         and "toy:valid" not in main["dpo offline"][2]
     )
 
@@ -254,22 +229,22 @@ def test_the_archive_holds_every_finished_run_byte_stably(tmp_path):
     for name, _, _, seeds in configs:
         for seed in seeds[:3]:
             fake_run(results, "main", name, seed, [(0, 0.4), (120, 0.5 + seed / 100)])
-    before = run.load_runs(results, "main")
-    run.pack(results, "main")
+    before = runner.load_runs(results, "main")
+    runner.pack(results, "main")
     assert not os.listdir(os.path.join(results, "runs", "main"))  # folders removed once packed
     first = open(os.path.join(results, "main.tar.gz"), "rb").read()
-    assert run.load_runs(results, "main") == before
+    assert runner.load_runs(results, "main") == before
     fake_run(results, "main", configs[0][0], 3, [(120, 0.9)])  # a later run joins the archive
-    run.pack(results, "main")
-    after = run.load_runs(results, "main")
-    assert len(after) == 7 and run.finished(after[run.run_key(configs[0][0], 3)], 120)
+    runner.pack(results, "main")
+    after = runner.load_runs(results, "main")
+    assert len(after) == 7 and runner.finished(after[runner.run_key(configs[0][0], 3)], 120)
     os.remove(os.path.join(results, "main.tar.gz"))
     for key, files in after.items():  # the same runs packed again give the same bytes
-        if key != run.run_key(configs[0][0], 3):
+        if key != runner.run_key(configs[0][0], 3):
             os.makedirs(os.path.join(results, "runs", "main", key))
             for name, text in files.items():
                 open(os.path.join(results, "runs", "main", key, name), "w").write(text)
-    run.pack(results, "main")
+    runner.pack(results, "main")
     assert open(os.path.join(results, "main.tar.gz"), "rb").read() == first
 
 
@@ -277,66 +252,84 @@ def test_a_run_that_ended_early_evaluated_counts_as_finished(tmp_path):
     # an online run whose whole pass of prompts gave no batch ends before --max_steps with a last evaluation
     results = str(tmp_path)
     fake_run(results, "main", "dpo online", 0, [(0, 0.3), (26, 0.9)])
-    key = run.run_key("dpo online", 0)
+    key = runner.run_key("dpo online", 0)
     metrics = os.path.join(results, "runs", "main", key, "metrics.jsonl")
     lines = open(metrics).read().splitlines()
     open(metrics, "w").write("\n".join([lines[0], json.dumps(json.loads(lines[1]) | {"ended_early": 1})]) + "\n")
-    assert run.finished(run.load_runs(results, "main")[key], 120)
-    run.report(results, "main", [("dpo online", "dpo_humanline.py", ["--online"], [0])])
+    assert runner.finished(runner.load_runs(results, "main")[key], 120)
+    report.report(results, "main", [suites.Config("dpo online", "dpo_humanline.py", ["--online"], [0])])
     table = open(os.path.join(results, "main.md")).read()
     assert (
         "Ended before their last step, a whole pass of prompts giving no batch: dpo online seed 0 at step 26." in table
     )
     open(metrics, "w").write(lines[0] + "\n" + json.dumps({"step": 26, "ended_early": 1}) + "\n")  # no evaluation
-    assert not run.finished(run.load_runs(results, "main")[key], 120)
+    assert not runner.finished(runner.load_runs(results, "main")[key], 120)
 
 
 def test_an_unfinished_run_is_redone(tmp_path):
     results = str(tmp_path)
     fake_run(results, "main", "dpo offline", 0, [(0, 0.3), (60, 0.4)])  # stopped before its last evaluation
-    run_ = run.load_runs(results, "main")[run.run_key("dpo offline", 0)]
-    assert not run.finished(run_, 120) and run.finished(run_, 60)
+    run_ = runner.load_runs(results, "main")[runner.run_key("dpo offline", 0)]
+    assert not runner.finished(run_, 120) and runner.finished(run_, 60)
     killed = os.path.join(
-        results, "runs", "main", run.run_key("dpo online", 0)
+        results, "runs", "main", runner.run_key("dpo online", 0)
     )  # stopped mid-run: a checkpoint, no times
     os.makedirs(os.path.join(killed, "checkpoint-84"))
     open(os.path.join(killed, "metrics.jsonl"), "w").write('{"step": 1, "loss": 0.7}\n')
-    assert run.run_key("dpo online", 0) not in run.load_runs(results, "main")
-    run.pack(results, "main")
-    assert os.path.isdir(killed) and list(run.load_runs(results, "main")) == [run.run_key("dpo offline", 0)]
+    assert runner.run_key("dpo online", 0) not in runner.load_runs(results, "main")
+    runner.pack(results, "main")
+    assert os.path.isdir(killed) and list(runner.load_runs(results, "main")) == [runner.run_key("dpo offline", 0)]
 
 
 def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_path, monkeypatch):
     """A real model's run (up to an hour) saves every 4 steps; stopped (a signal: exit 0 before its last step), the
-    runner keeps the checkpoint and the CPU seconds spent, and the suite's rerun resumes it instead of starting over."""
-    results, flags, calls = str(tmp_path), ["--max_steps", "8"], []
+    runner keeps the checkpoint, and the suite's rerun resumes it instead of starting over. Its wall and CPU seconds
+    add up over every attempt, however many times it was stopped; the quality of its answers is measured once it
+    finishes. A run whose last evaluation had rewards that failed is not finished."""
+    results, flags, calls = str(tmp_path), ["--max_steps", "12"], []
+    monkeypatch.setattr(runner.time, "time", lambda: 100.0 * len(calls))  # 100 s of wall time a call
 
-    def fake_script(cmd, env, log_path):  # stands in for the script: the first attempt stops at step 4
+    def fake_script(cmd, env, log_path):  # stands in for the script: attempts stop at steps 4 and 8, then finish
         calls.append(cmd)
+        if "quality" in cmd:
+            open(os.path.join(os.path.dirname(cmd[-1]), "quality.json"), "w").write("{}")
+            return 0, 1.0
         out = cmd[cmd.index("--output_dir") + 1]
-        last = 8 if "--resume" in cmd else 4
-        os.makedirs(os.path.join(out, "checkpoint-4"), exist_ok=True)
-        open(os.path.join(out, "checkpoint-4", "state-rank0.pt"), "w").close()
+        last = 4 * sum("--output_dir" in c for c in calls)
+        os.makedirs(os.path.join(out, f"checkpoint-{last}"), exist_ok=True)
+        open(os.path.join(out, f"checkpoint-{last}", "state-rank0.pt"), "w").close()
         with open(os.path.join(out, "metrics.jsonl"), "w") as f:
-            f.writelines(json.dumps({"step": s, "eval/reward": 0.5}) + "\n" for s in range(0, last + 1, 4))
+            f.writelines(json.dumps({"step": s, "eval/reward": 0.5, "eval/bad_rewards": 0}) + "\n" for s in (0, last))
         open(log_path, "a").close()
-        return 0, 10.0
+        return 0, 10.0 * len(calls)  # 10, 20, 30 CPU seconds
 
-    monkeypatch.setattr(run, "run_script", fake_script)
-    with pytest.raises(SystemExit, match="stopped"):
-        run.launch(results, "smollm2", "dpo offline", "dpo_humanline.py", flags, 0)
-    out = os.path.join(results, "runs", "smollm2", run.run_key("dpo offline", 0))
-    assert calls[0][calls[0].index("--save_every") + 1] == "4" and "--resume" not in calls[0]
-    assert os.path.isdir(os.path.join(out, "checkpoint-4")) and not os.path.exists(os.path.join(out, "cpu_seconds"))
-    run.launch(results, "smollm2", "dpo offline", "dpo_humanline.py", flags, 0)
-    assert "--resume" in calls[1] and not os.path.exists(os.path.join(out, "checkpoint-4"))
-    assert open(os.path.join(out, "cpu_seconds")).read() == "20.0\n"  # both attempts
-    assert run.finished(run.load_runs(results, "smollm2")[run.run_key("dpo offline", 0)], 8)
+    monkeypatch.setattr(runner, "run_script", fake_script)
+    for attempt in (1, 2):
+        with pytest.raises(SystemExit, match="stopped"):
+            runner.launch(results, "addition", "dpo offline", "dpo_humanline.py", flags, 0, task="addition")
+        assert ("--resume" in calls[-1]) == (attempt == 2)
+    out = os.path.join(results, "runs", "addition", runner.run_key("dpo offline", 0))
+    assert calls[0][calls[0].index("--save_every") + 1] == "4" and not os.path.exists(os.path.join(out, "cpu_seconds"))
+    runner.launch(results, "addition", "dpo offline", "dpo_humanline.py", flags, 0, task="addition")
+    assert "--resume" in calls[2] and "quality" in calls[3] and not os.path.exists(os.path.join(out, "checkpoint-12"))
+    assert open(os.path.join(out, "cpu_seconds")).read() == "60.0\n"  # 10 + 20 + 30: every attempt's
+    assert open(os.path.join(out, "wall_seconds")).read() == "300.0\n"  # 100 s each
+    run_ = runner.load_runs(results, "addition")[runner.run_key("dpo offline", 0)]
+    assert runner.finished(run_, 12) and sorted(run_) == [
+        "cpu_seconds",
+        "metrics.jsonl",
+        "quality.json",
+        "wall_seconds",
+    ]
+    failed = dict(
+        run_, **{"metrics.jsonl": run_["metrics.jsonl"].replace('"eval/bad_rewards": 0', '"eval/bad_rewards": 3')}
+    )
+    assert not runner.finished(failed, 12)
+    calls.clear()
     for _ in range(2):  # the toy's runs (seconds each) keep no checkpoint: a stopped one starts over
         with pytest.raises(SystemExit, match="stopped"):
-            run.launch(results, "main", "dpo offline", "dpo_humanline.py", flags, 1)
-    assert [c[c.index("--save_every") + 1] for c in calls[2:]] == ["0", "0"]
-    assert not any("--resume" in c for c in calls[2:])
+            runner.launch(results, "main", "dpo offline", "dpo_humanline.py", flags, 1)
+    assert [c[c.index("--save_every") + 1] for c in calls] == ["0", "0"] and not any("--resume" in c for c in calls)
 
 
 def test_a_stopped_run_stops_the_suite_and_its_finished_runs_are_packed(tmp_path, monkeypatch):
@@ -344,52 +337,52 @@ def test_a_stopped_run_stops_the_suite_and_its_finished_runs_are_packed(tmp_path
     real model's take an hour each), and what finished is packed."""
     launched, packed, cancelled = [], [], threading.Event()
 
-    class Pool(run.ThreadPoolExecutor):  # says when the suite has cancelled its queued runs
+    class Pool(runner.ThreadPoolExecutor):  # says when the suite has cancelled its queued runs
         def shutdown(self, *a, **kw):
             cancelled.set()
             super().shutdown(*a, **kw)
 
-    def fake_launch(results, suite, name, script, flags, seed):
+    def fake_launch(results, suite, name, script, flags, seed, task=None):
         launched.append(name)
         if len(launched) == 1:  # the first run goes on until the suite has stopped
             cancelled.wait(timeout=30)
         elif len(launched) == 2:
             raise SystemExit(f"{name}: stopped")
 
-    monkeypatch.setattr(run, "ThreadPoolExecutor", Pool)
-    monkeypatch.setattr(run, "launch", fake_launch)
-    monkeypatch.setattr(run, "pack", lambda results, suite: packed.append(suite))
+    monkeypatch.setattr(runner, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(runner, "launch", fake_launch)
+    monkeypatch.setattr(runner, "pack", lambda results, suite: packed.append(suite))
     monkeypatch.setattr(
         sys, "argv", ["run.py", "--quick", "--suite", "main", "--jobs", "2", "--results", str(tmp_path)]
     )
     with pytest.raises(SystemExit, match="stopped"):
         run.main()
-    queued = len(run.quick_suites(os.path.join(str(tmp_path), "quick"))["main"])
+    queued = len(run.configurations(os.path.join(str(tmp_path), "quick"), quick=True)[0]["main"])
     assert queued >= 6 and len(launched) <= 3  # the two, and at most one the freed thread had already taken
     assert packed == ["main"]
 
 
 def test_regime():
-    assert run.regime(["--offline"], 0.05) == "no clamp"  # no clamp in the loss, whatever a clamp would cut
-    assert run.regime(["--humanline"], 0.0) == "clamp idle"
-    assert run.regime(["--clip", "clamp"], 0.005) == "clamp rare"
-    assert run.regime(["--sync", "humanline", "--clip", "sampling"], 0.02) == "clamp active"
-    assert run.regime(["--sync", "humanline"], 0.02) == "no clamp"
+    assert report.regime(["--offline"], 0.05) == "no clamp"  # no clamp in the loss, whatever a clamp would cut
+    assert report.regime(["--humanline"], 0.0) == "clamp idle"
+    assert report.regime(["--clip", "clamp"], 0.005) == "clamp rare"
+    assert report.regime(["--sync", "humanline", "--clip", "sampling"], 0.02) == "clamp active"
+    assert report.regime(["--sync", "humanline"], 0.02) == "no clamp"
 
 
 def test_shapes_tell_code_paths_apart():
-    assert run.shape("dpo_humanline.py", ["--humanline", "--sync_every", "2"]) == run.shape(
+    assert runner.shape("dpo_humanline.py", ["--humanline", "--sync_every", "2"]) == runner.shape(
         "dpo_humanline.py", ["--humanline", "--sync_every", "16"]
     )
-    assert run.shape("dpo_humanline.py", ["--sync", "humanline"]) != run.shape(
+    assert runner.shape("dpo_humanline.py", ["--sync", "humanline"]) != runner.shape(
         "dpo_humanline.py", ["--sync", "trust_region"]
     )
-    assert run.shape("dpo_humanline.py", ["--beta", "0"]) == run.shape("dpo_humanline.py", ["--beta", "0.1"])
-    assert run.shape("dpo_humanline.py", ["--offline"]) != run.shape("kto_humanline.py", ["--offline"])
-    assert run.shape("dpo_humanline.py", ["--offline", "--eval_prompts", "toy:valid"]) == run.shape(
+    assert runner.shape("dpo_humanline.py", ["--beta", "0"]) == runner.shape("dpo_humanline.py", ["--beta", "0.1"])
+    assert runner.shape("dpo_humanline.py", ["--offline"]) != runner.shape("kto_humanline.py", ["--offline"])
+    assert runner.shape("dpo_humanline.py", ["--offline", "--eval_prompts", "toy:valid"]) == runner.shape(
         "dpo_humanline.py", ["--offline"]
     )
-    assert run.shape("dpo_humanline.py", ["--online"]) != run.shape("dpo_humanline.py", ["--offline"])
+    assert runner.shape("dpo_humanline.py", ["--online"]) != runner.shape("dpo_humanline.py", ["--offline"])
 
 
 def test_quick_exercises_every_configuration(tmp_path, monkeypatch):
@@ -400,30 +393,27 @@ def test_quick_exercises_every_configuration(tmp_path, monkeypatch):
         reply = warm.SERVERS.launch(cmd[1:], 1, cwd=ROOT, env=env, stdout=log_path, stderr=log_path)
         return reply["returncode"], reply["cpu_seconds"]
 
-    monkeypatch.setattr(run, "run_script", run_script)
+    monkeypatch.setattr(runner, "run_script", run_script)
     monkeypatch.setattr(sys, "argv", ["run.py", "--quick", "--results", str(tmp_path)])
     run.main()
     quick = os.path.join(str(tmp_path), "quick")
-    toy = lambda suites: {s: c for s, c in suites.items() if not s.startswith("smollm2")}  # noqa: E731
+    toy = lambda configs: {s: c for s, c in configs.items() if not suites.SUITES[s].task}  # noqa: E731
+    chosen = run.configurations(quick, quick=True)[1]
     full = {  # the real model's suites run only when named (and made): the toy's are every suite's code path
-        (suite, name): run.shape(script, flags)
-        for suite, configs in toy(run.suites(quick, {c: 1e-6 for c in run.paper_rates()})).items()
+        (suite, name): runner.shape(script, flags)
+        for suite, configs in toy({s: e.runs(quick, chosen) for s, e in suites.SUITES.items()}).items()
         for name, script, flags, _ in configs
     }
-    assert not os.path.exists(os.path.join(quick, "smollm2.md"))
+    assert not any(os.path.exists(os.path.join(quick, f"{task}.md")) for task in suites.smollm2.TASKS)
     ran = set()
-    for suite, configs in toy(run.quick_suites(quick)).items():
+    for suite, configs in toy(run.configurations(quick, quick=True)[0]).items():
         table = open(os.path.join(quick, f"{suite}.md")).read()
-        runs = run.load_runs(quick, suite)
+        runs = runner.load_runs(quick, suite)
         for name, script, flags, seeds in configs:
-            assert run.finished(runs[run.run_key(name, seeds[0])], 2), name
+            assert runner.finished(runs[runner.run_key(name, seeds[0])], 2), name
             assert f"| {name} | 1 |" in table or (suite == "sweep" and f"| {name.rsplit(' lr ', 1)[0]} |" in table)
-            assert sorted(runs[run.run_key(name, seeds[0])]) == [
-                "args.json",
-                "cpu_seconds",
-                "metrics.jsonl",
-                "wall_seconds",
-            ]
+            kept = ["args.json", "cpu_seconds", "metrics.jsonl", "wall_seconds"]  # and the last evaluation's answers
+            assert sorted(runs[runner.run_key(name, seeds[0])]) == sorted(kept + ["eval_samples.jsonl"])
             ran.add(full[(suite, name)])
     assert set(full.values()) <= ran  # every code path of every suite ran
     first = json.loads(open(os.path.join(quick, "main.jsonl")).readline())
@@ -460,18 +450,16 @@ def test_the_stated_starting_reward_is_the_scripts_step_0_evaluation(tmp_path):
     finally:
         signal.signal(signal.SIGTERM, handler)
     step0 = json.loads(open(tmp_path / "metrics.jsonl").readline())
-    assert step0["step"] == 0 and step0["eval/reward"] == pytest.approx(run.starting_reward("valid"), abs=1e-9)
-    assert (
-        run.starting_reward("test") == pytest.approx(0.6883, abs=1e-4) != pytest.approx(step0["eval/reward"], abs=1e-4)
-    )
+    assert step0["step"] == 0 and step0["eval/reward"] == pytest.approx(suites.toy_start("valid"), abs=1e-9)
+    assert suites.toy_start("test") == pytest.approx(0.6883, abs=1e-4) != pytest.approx(step0["eval/reward"], abs=1e-4)
 
 
 def test_new_seed_range_by_hand():
     # [0, 1, 2, 3, 4]: mean 2, sd sqrt(2.5) = 1.581139, t(0.975, 4) = 2.776445, sqrt(1 + 1/5) = 1.095445 -> +-4.80894
-    assert run.new_seed_range([0, 1, 2, 3, 4]) == pytest.approx((2 - 4.80894, 2 + 4.80894), abs=1e-4)
-    lo, hi = run.new_seed_range([0.834, 0.839, 0.834])
+    assert report.new_seed_range([0, 1, 2, 3, 4]) == pytest.approx((2 - 4.80894, 2 + 4.80894), abs=1e-4)
+    lo, hi = report.new_seed_range([0.834, 0.839, 0.834])
     assert lo < 0.834 and hi > 0.839  # wider than the seeds' own range
-    assert all(math.isnan(v) for v in run.new_seed_range([0.8]))
+    assert all(math.isnan(v) for v in report.new_seed_range([0.8]))
 
 
 def test_a_new_seed_is_checked_against_its_rows_range(tmp_path, monkeypatch, capsys):
@@ -483,11 +471,11 @@ def test_a_new_seed_is_checked_against_its_rows_range(tmp_path, monkeypatch, cap
     new = {"dpo offline": 0.85, "dpo online": 0.90}
     launched = []
 
-    def launch(where, suite, name, script, flags, seed):
+    def launch(where, suite, name, script, flags, seed, task=None):
         launched.append((name, seed))
         fake_run(where, suite, name, seed, [(0, 0.4), (120, new[name])])
 
-    monkeypatch.setattr(run, "launch", launch)
+    monkeypatch.setattr(runner, "launch", launch)
     run.check_new_seed(results, "main", configs, 7, jobs=1)
     out = capsys.readouterr().out
     assert sorted(launched) == [("dpo offline", 7), ("dpo online", 7)]
@@ -503,7 +491,8 @@ def test_a_new_seed_is_checked_against_its_rows_range(tmp_path, monkeypatch, cap
 
 def test_instance_tables_on_known_runs(tmp_path):
     results = str(tmp_path)
-    configs = run.suites(results, {cell: run.paper_lr(cell) for cell, _, _ in run.CELLS})
+    chosen = {cell: suites.paper_lr(cell) for cell, _, _ in suites.CELLS}
+    configs = {name: suites.SUITES[name].runs(results, chosen) for name in ("main", "instances")}
     main = [c for c in configs["main"] if c[0].startswith("dpo")]
     inst = [c for c in configs["instances"] if c[0].startswith("instance 1: dpo")]
     finals = {
@@ -520,15 +509,15 @@ def test_instance_tables_on_known_runs(tmp_path):
     for name, _, _, seeds in inst:
         for seed in seeds:
             fake_run(results, "instances", name, seed, [(0, 0.5), (120, finals1[name.split(": ")[1]][seed])])
-    assert not os.path.exists(run.instance_paths(results, 1).stats)  # no instance is built: the report needs none
-    main_rows = run.summarize(run.load_runs(results, "main"), main)
-    lines, _ = run.instance_tables(run.summarize(run.load_runs(results, "instances"), inst), main_rows)
+    assert not os.path.exists(suites.instance_paths(results, 1).stats)  # no instance is built: the report needs none
+    main_rows = report.summarize(runner.load_runs(results, "main"), main)
+    lines, _ = report.instance_tables(report.summarize(runner.load_runs(results, "instances"), inst), main_rows)
     table = "\n".join(lines)
     assert "| dpo offline+humanline | 0.608 ± 0.004 | 0.701 ± 0.001 |" in table
     assert "| starting policy | 0.450 | 0.500 |" in table  # each instance's runs at step 0
     p_online = stats.ttest_ind(same, [0.90, 0.91, 0.92], equal_var=False).pvalue * 2  # Holm: the smaller of 2 p-values
-    p_equal = run.tost(same, same, 0.01) * 2
-    p0 = run.holm(
+    p_equal = report.tost(same, same, 0.01) * 2
+    p0 = report.holm(
         [
             stats.ttest_ind(finals["dpo offline+humanline"], finals[b], equal_var=False).pvalue
             for b in ("dpo offline", "dpo online")
@@ -545,34 +534,26 @@ def test_instance_tables_on_known_runs(tmp_path):
 
 
 def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_path):
-    """The documented `--report`, on a copy of the committed results only (no run folders, no built instances), writes
-    every committed table and summary again, byte for byte."""
+    """The documented `--report` (the toy's suites; each real-model suite by name), on a copy of the committed results
+    only (no run folders, no built instances), writes every committed table and summary again, byte for byte."""
     tracked = subprocess.run(
         ["git", "ls-files", "experiments/results"], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    files = [f for f in tracked.stdout.split() if "/previous/" not in f]
+    files = [f for f in tracked.stdout.split() if "/previous/" not in f and "/superseded/" not in f]
     if not any(f.endswith(".tar.gz") for f in files):
         pytest.skip("not a git checkout with committed results")
-    suites = ("sweep", "main", "instances", "offpolicy", "ablations", "quality", "lora_sweep", "lora")
-    suites += ("smollm2_sweep", "smollm2")
-    tables = [
-        f for f in files if os.path.basename(f) in {"setup.md"} | {f"{s}{x}" for s in suites for x in (".md", ".jsonl")}
-    ]
-    assert len(tables) == 21
+    names = {"setup.md"} | {f"{s}{x}" for s in suites.SUITES for x in (".md", ".jsonl")}
+    tables = [f for f in files if os.path.basename(f) in names]
+    real = [s for s, e in suites.SUITES.items() if e.task and f"experiments/results/{s}.tar.gz" in files]
+    assert len(tables) == 17 + 2 * len(real)  # the toy's 8 suites and setup.md, and each real-model suite run
     for f in set(files) - set(tables):  # the tables are left out: the report has to write them
         dest = tmp_path / os.path.relpath(f, "experiments/results")
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(open(os.path.join(ROOT, f), "rb").read())
-    for command in ([], ["--suite", "smollm2_sweep"], ["--suite", "smollm2", "--mix_code"]):  # as documented
+    for command in [[]] + [["--suite", s] for s in real]:  # as documented
+        report_cmd = [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--report", *command]
         out = subprocess.run(
-            [
-                sys.executable,
-                os.path.join(ROOT, "experiments", "run.py"),
-                "--report",
-                *command,
-                "--results",
-                str(tmp_path),
-            ],
+            report_cmd + ["--results", str(tmp_path)],
             capture_output=True,
             text=True,
             env=dict(os.environ, OMP_NUM_THREADS="1"),
@@ -585,54 +566,46 @@ def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_pat
 
 
 def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_test_prompts(tmp_path):
-    """smollm2_sweep: each variant at 1x, 4x and 16x the paper's rate, one seed, on the 128 validation prompts; smollm2:
-    each at its chosen rate, 3 seeds, on the 256 test prompts, the other scripts and modes beside them at a rate derived
-    from those; the report's tests use the ±0.05 margin and give each row's success before and after."""
+    """<task>_sweep: each variant at 1x, 4x and 16x the paper's rate, one seed, on the task's 128 validation prompts;
+    <task>: each at its chosen rate, 5 seeds (KTO 3), on the 256 test prompts; the report's tests use the ±0.05 margin
+    and give each row's success after, the share of its answers cut off, and their quality beyond the reward."""
     results = str(tmp_path)
-    sweep = run.suites(results, {})["smollm2_sweep"]
-    assert len(sweep) == 18 and all(c[3] == (100,) and "experiments/smollm2/valid.jsonl" in c[2] for c in sweep)
-    dpo = [c for c in sweep if c[0].startswith("smollm2 dpo offline lr")]
-    assert [run.rate_of(c[2]) for c in dpo] == pytest.approx([5e-6, 2e-5, 8e-5])
-    for (name, _, _, seeds), reward in zip(dpo, (0.30, 0.45, 0.20)):
-        fake_run(results, "smollm2_sweep", name, seeds[0], [(0, 0.289), (32, reward)])
-    assert run.choose_rates(results) == {"smollm2 dpo offline": 2e-5}
-    chosen = {f"smollm2 {cell}": 1e-5 for cell, _, _ in run.SMOL_CELLS}
-    main = {c[0]: c for c in run.suites(results, chosen)["smollm2"]}
-    assert all(
-        main[cell][3] == (0, 1, 2) and "experiments/smollm2/test.jsonl" in main[cell][2]
-        for cell, _, _ in run.SMOL_CELLS
-    )
-    assert [n for n in main if main[n][3] == (0,)] == [
-        "kto offline",
-        "kto offline+humanline",
-        "kto online",
-        "grpo off-policy (sample every 8 steps)",
-        "grpo off-policy+humanline",
-        "dpo offline+humanline, LoRA",
-        "grpo offline+humanline, LoRA",
-        "kto offline+humanline, LoRA",
-    ]
-    assert run.rate_of(main["dpo offline+humanline, LoRA"][2]) == pytest.approx(1e-4)  # 10x its variant's
-    assert run.rate_of(main["kto offline+humanline, LoRA"][2]) == pytest.approx(1e-4)  # KTO: 10x DPO's
+    sweep = suites.SUITES["addition_sweep"].runs(results, {})
+    valid = "experiments/smollm2/addition/valid.jsonl"
+    assert len(sweep) == 27 and all(c.seeds == (100,) and valid in c.flags for c in sweep)
+    dpo = [c for c in sweep if c.name.startswith("addition dpo offline lr")]
+    assert [suites.rate_of(c.flags) for c in dpo] == pytest.approx([5e-6, 2e-5, 8e-5])
+    for c, reward in zip(dpo, (0.30, 0.45, 0.20)):
+        fake_run(results, "addition_sweep", c.name, c.seeds[0], [(32, reward)], quality=True)
+    assert report.choose_rates(results) == {"addition dpo offline": 2e-5}
+    chosen = {f"addition {cell}": 1e-5 for cell, *_ in suites.REAL_CELLS}
+    main = {c.name: c for c in suites.SUITES["addition"].runs(results, chosen)}
+    test = "experiments/smollm2/addition/test.jsonl"
+    assert all(c.seeds == ((0, 1, 2) if c.script.startswith("kto") else (0, 1, 2, 3, 4)) for c in main.values())
+    assert all(test in c.flags and "--no_eval_at_start" in c.flags for c in main.values())
     finals = {
-        "dpo offline": (0.30, 0.31, 0.29),
-        "dpo offline+humanline": (0.40, 0.42, 0.41),
-        "dpo online": (0.41, 0.40, 0.42),
+        "dpo offline": (0.30, 0.31, 0.29, 0.30, 0.30),
+        "dpo offline+humanline": (0.40, 0.42, 0.41, 0.40, 0.42),
+        "dpo online": (0.41, 0.40, 0.42, 0.41, 0.41),
     }
     for name, rewards in finals.items():
-        for seed, reward in zip(main[name][3], rewards):
-            fake_run(results, "smollm2", name, seed, [(0, 0.27), (32, reward)])
-    run.report(results, "smollm2", list(main.values()))
-    table = open(os.path.join(results, "smollm2.md")).read()
-    p = run.holm(
+        for seed, reward in zip(main[name].seeds, rewards):
+            fake_run(results, "addition", name, seed, [(32, reward)], quality=True)
+    report.report(results, "addition", list(main.values()))
+    table = open(os.path.join(results, "addition.md")).read()
+    p = report.holm(
         [
             stats.ttest_ind(finals["dpo offline+humanline"], finals[b], equal_var=False).pvalue
             for b in ("dpo offline", "dpo online")
         ]
     )
-    p_tost = run.holm(
-        [run.tost(finals["dpo offline+humanline"], finals[b], 0.05) for b in ("dpo offline", "dpo online")]
+    p_tost = report.holm(
+        [report.tost(finals["dpo offline+humanline"], finals[b], 0.05) for b in ("dpo offline", "dpo online")]
     )
     assert "| dpo offline+humanline vs dpo offline | +0.110 | " in table and f"| {p[0]:.3g} |" in table
-    assert f"| {p_tost[1]:.3g} | equivalent (within ±0.05) |" in table  # ±0.01 could not be decided with 3 seeds
-    assert "| dpo offline | 3 | 0.270 ± 0.000 | 0.300 ± 0.006 | 0.030 ± 0.006 |" in table
+    assert f"| {p_tost[1]:.3g} | equivalent (within ±0.05) |" in table  # ±0.01 could not be decided with 5 seeds
+    start = suites.smollm2.starting("addition", "test")
+    gain = f"{0.300 - start:.3f}"
+    assert (
+        f"| dpo offline | 5 | 0.300 ± 0.003 | {gain} ± 0.003 | 0.100 ± 0.000 | 12.00 ± 0.00 | 0.200 ± 0.000 |" in table
+    )

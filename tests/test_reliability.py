@@ -953,18 +953,88 @@ def test_a_whole_pass_of_prompts_without_a_batch_of_pairs_ends_the_run_saved_in_
     flags = [*PAIRS_ONLINE[script], "--dataset", str(prompts), "--max_steps", "2", "--num_eval_prompts", "8", *scorer]
     proc = run(script, flags, tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    word = "samplings" if script.startswith("grpo") else "rounds"
-    unit = {"dpo": "pairs", "kto": "examples", "grpo": ""}[script.split("_")[0]]
     assert (
         proc.stderr.strip()
         .splitlines()[-1]
         .endswith(  # after the progress bar, when it shares the line
-            f"training ends at step 0 of 2: 2 {word} in a row "
-            + (f"kept fewer {unit} than a batch" if unit else "gave less than a batch")
-            + ": raise --round_size or lower --reward_threshold"
+            "training ends at step 0 of 2: 2 rounds in a row (a whole pass over the prompts) gave less than a batch: "
+            "each prompt's samples scored alike, the policy has converged on them"
         )
     ), proc.stderr[-2000:]
     # the run ended as at --max_steps: evaluated, its last record saying so, and the model saved in --output_dir
     last = records(str(tmp_path / "run"))[-1]
     assert last["step"] == 0 and last["ended_early"] == 1 and "eval/reward" in last
     assert os.path.exists(tmp_path / "run" / "config.json") and os.path.isdir(tmp_path / "run" / "checkpoint-0")
+
+
+def few_prompts(toy, tmp_path, n=64):  # a pass of 64 prompts: two rounds of 32
+    prompts = tmp_path / "prompts.jsonl"
+    with open(toy.prompts_train) as f:
+        prompts.write_text("".join(f.readlines()[:n]))
+    return ["--dataset", str(prompts), "--eval_prompts", "none"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_short_rounds_that_are_not_in_a_row_do_not_end_the_run(script, tmp_path, toy):
+    """Rounds 1, 3, ... keep no pair, 2, 4, ... do: a pass is two rounds of 16 prompts, and every pass holds a short
+    round, but never two in a row: the run trains to its last step."""
+    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model"]
+    scorer.append("tests.support.faulty_rewards:ties_every_other")
+    flags = [*PAIRS_ONLINE[script], *few_prompts(toy, tmp_path, 32), "--round_size", "16", "--max_steps", "5"]
+    proc = run(script, [*flags, *scorer], tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = records(str(tmp_path / "run"))
+    assert [r["online/round"] for r in written if "online/seconds" in r][:3] == [1, 2, 3]  # the third: short again
+    assert [r["step"] for r in written if "loss" in r] == [1, 2, 3, 4, 5]
+    assert not any("ended_early" in r for r in written)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_pass_of_rounds_whose_rewards_failed_stops_the_run_naming_the_reward(script, tmp_path, toy):
+    """All but one of each prompt's 4 rewards fail: no prompt keeps two, no batch can form in a whole pass. That is a
+    broken reward, not a converged policy: the run stops (exit 1) in one line naming it and how many samples failed,
+    and saves nothing a runner would take for a trained model."""
+    reward = "tests.support.faulty_rewards:fails_all_but_one"
+    online = ONLINE[script] if script.startswith("grpo") else PAIRS_ONLINE[script]
+    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model", reward]
+    flags = [*online, *few_prompts(toy, tmp_path, 16 if script.startswith("grpo") else 64), "--max_steps", "2", *scorer]
+    proc = run(script, flags, tmp_path / "run")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("stopping: ") and "a whole pass over the prompts" in last, last
+    assert f"rewards failed on {'48 of 64' if script.startswith('grpo') else '192 of 256'} samples" in last, last
+    assert f"the first: reward {reward} of prompt '" in last and last.endswith("is None")
+    assert not os.path.exists(tmp_path / "run" / "config.json") and "--round_size" not in last
+
+
+def test_on_policy_grpo_trains_on_the_samples_whose_reward_scored(tmp_path, toy):
+    """One reward of each group of 4 fails: the other 3 make the group (its advantages among them), as TRL trains on
+    the samples that scored."""
+    scorer = ["--reward_funcs", "tests.support.faulty_rewards:fails_once_per_prompt"]
+    proc = run(
+        "grpo_humanline.py",
+        [*ONLINE["grpo_humanline.py"], "--max_steps", "3", "--eval_prompts", "none", *scorer],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = records(str(tmp_path))
+    rounds = [r for r in written if "online/seconds" in r]
+    assert all(r["online/bad_rewards"] == 2 and r["online/groups"] == 2 for r in rounds)  # 2 prompts of 4 samples
+    assert [r["step"] for r in written if "loss" in r] == [1, 2, 3]
+
+
+def test_a_resumed_online_run_writes_each_record_once_and_keeps_each_attempts_code(tmp_path, toy):
+    """Rounds sampled after the checkpoint a run resumes from are sampled again: their records are written once, as
+    an uninterrupted run writes them; args.json keeps the code of each attempt and the step it started from."""
+    flags = [*ONLINE["dpo_humanline.py"], "--max_steps", "6", "--save_every", "2", "--eval_prompts", "none"]
+    full = tmp_path / "full"
+    assert run("dpo_humanline.py", flags, full).returncode == 0
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full, resumed)
+    for step in (4, 6):
+        shutil.rmtree(resumed / f"checkpoint-{step}")
+    assert run("dpo_humanline.py", [*flags, "--resume"], resumed).returncode == 0
+    key = lambda r: (r["step"], r.get("online/round"), "loss" in r)  # noqa: E731
+    assert [key(r) for r in records(str(resumed))] == [key(r) for r in records(str(full))]
+    assert len({key(r) for r in records(str(resumed))}) == len(records(str(resumed)))  # each once
+    attempts = json.load(open(resumed / "args.json"))["attempts"]
+    assert [a["from_step"] for a in attempts] == [0, 2] and all(len(a["code"]) == 16 for a in attempts)

@@ -83,3 +83,28 @@ def few_pairs_at_first(prompts, completions, **columns):
 
 
 few_pairs_at_first.calls, few_pairs_at_first.keep = 0, []
+
+
+def ties_every_other(prompts, completions, **columns):
+    """`ties` on odd calls (rounds 1, 3, ...), the toy reward on even ones: short rounds, never two in a row."""
+    ties_every_other.calls += 1
+    return ties(prompts, completions) if ties_every_other.calls % 2 else toy_task.reward(prompts, completions)
+
+
+ties_every_other.calls = 0
+
+
+def fails_once_per_prompt(prompts, completions, **columns):
+    """None for each prompt's first sample, the toy reward for the others (a group keeps all but one)."""
+    return [
+        None if p not in prompts[:i] else toy_task.reward([p], [c])[0]
+        for i, (p, c) in enumerate(zip(prompts, completions))
+    ]
+
+
+def fails_all_but_one(prompts, completions, **columns):
+    """None for all but each prompt's last sample: no prompt keeps two rewards (75% fail with 4 samples a prompt)."""
+    return [
+        None if p in prompts[i + 1 :] else toy_task.reward([p], [c])[0]
+        for i, (p, c) in enumerate(zip(prompts, completions))
+    ]
