@@ -624,7 +624,6 @@ def evaluate(policy, tokenizer, scorer, rows, args, rt):
     groups, record = sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")
     if rt.rank == 0:  # in the rows' order (each process scored every world-th row)
         order = [i for r in range(rt.world) for i in range(r, len(rows), rt.world)]
-        os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "eval_samples.jsonl"), "w") as f:
             for _, g in sorted(zip(order, groups), key=lambda t: t[0]):
                 text = tokenizer.decode(g.completions[0], skip_special_tokens=True)
@@ -750,9 +749,9 @@ class Session:
 
     def sample_round(self, scorers, rows, n):
         """An online round's samples: n of each prompt row from the policy, scored (Groups), and the round's record."""
-        state, args = self.state, self.args
+        args, rt = self.args, self.rt
         return sample_and_score(
-            self.policy, self.tokenizer, scorers, rows, n, args, state.round_index, self.rt, failures=self.failures
+            self.policy, self.tokenizer, scorers, rows, n, args, self.state.round_index, rt, failures=self.failures
         )
 
     def end_of_round(self, ready, groups, rounds_per_pass, evaluate):
@@ -774,7 +773,7 @@ class Session:
         lost = f"leaving {self.lost} prompts fewer than two scored; the first: {(self.failures or [''])[0]}"
         if self.lost:
             self.bar.close()  # the line that says why stands alone
-        fail(self.lost, f"stopping: {what}: {failed}, {lost}")
+            fail(True, f"stopping: {what}: {failed}, {lost}")
         self.end_early(f"{what}: each prompt's samples scored alike, the policy has converged on them", evaluate)
         return True
 

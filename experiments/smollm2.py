@@ -58,7 +58,7 @@ SPLITS = {"test": 256, "valid": 128, "train": 2048}  # prompts per split, disjoi
 # ---- the runs' settings: two cores make a real model costly, so runs are short: 32 steps of 8 sequences (DPO: 4
 # pairs), prompts of at most 64 tokens; each online round of DPO and KTO 32 prompts x 4 samples, GRPO's groups of 4
 MODEL = ".cache/SmolLM2-135M-Instruct"
-LENGTHS = ["--max_length", "128", "--max_prompt_length", "64"]  # the longest prompt is 56 tokens with the template
+LENGTHS = ["--max_length", "128", "--max_prompt_length", "64"]  # the longest prompt: 50 tokens, with the template
 COMMON = ["--model_name_or_path", MODEL, *LENGTHS, "--micro_batch_size", "4", "--max_steps", "32"]
 ALGOS = {  # objective: (its batch, its online sampling)
     "dpo": (["--batch_size", "4"], ["--round_size", "32", "--num_samples", "4"]),
@@ -83,9 +83,8 @@ def flags(task, algo, mode, split="test", n=256):
     out = ["--online"] if online else ["--offline"] + ["--humanline"] * (mode == "offline+humanline")
     out += COMMON + ["--dataset", data(task, "train" if online else "pairs"), "--reward_model", reward]
     out += ["--max_new_tokens", str(longest), "--eval_prompts", data(task, split), "--num_eval_prompts", str(n)]
-    out += ["--eval_every", "0", "--no_eval_at_start"] + ALGOS[algo][
-        0
-    ]  # the start: baseline.json, measured once + (ALGOS[algo][1] if online else [])
+    out += ["--eval_every", "0", "--no_eval_at_start"]  # the start: baseline.json, measured once
+    out += ALGOS[algo][0] + (ALGOS[algo][1] if online else [])
     return out + (["--reward_funcs", reward] if online and algo == "grpo" else [])
 
 

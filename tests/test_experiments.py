@@ -583,6 +583,12 @@ def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_t
     test = "experiments/smollm2/addition/test.jsonl"
     assert all(c.seeds == ((0, 1, 2) if c.script.startswith("kto") else (0, 1, 2, 3, 4)) for c in main.values())
     assert all(test in c.flags and "--no_eval_at_start" in c.flags for c in main.values())
+    online = {a: main[f"{a} online"].flags for a in ("dpo", "kto", "grpo")}  # each objective's own sampling
+    assert all(
+        f[f.index("--round_size") + 1] == "32" and f[f.index("--num_samples") + 1] == "4"
+        for f in (online["dpo"], online["kto"])
+    )
+    assert online["grpo"][online["grpo"].index("--num_generations") + 1] == "4" and "--reward_funcs" in online["grpo"]
     finals = {
         "dpo offline": (0.30, 0.31, 0.29, 0.30, 0.30),
         "dpo offline+humanline": (0.40, 0.42, 0.41, 0.40, 0.42),

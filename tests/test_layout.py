@@ -33,7 +33,7 @@ SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 # what a reader can hold in one sitting, as ruff formats each script: a screen per phase, room for the comments that say
 # why; at most 10% of a script's lines over 100 characters, so that it reads without scrolling sideways
 BUDGET = {"dpo_humanline.py": 450, "kto_humanline.py": 500, "grpo_humanline.py": 580}
-MODULE_BUDGET = 980  # plumbing.py's lines: how every run is kept, in one module a reader can still look through
+MODULE_BUDGET = 985  # plumbing.py's lines: how every run is kept, in one module a reader can still look through
 MODULES = {s: importlib.import_module(s[:-3]) for s in SCRIPTS}
 SHARED_METHOD = (  # copied into the three scripts, identical
     "clamped_fraction",
