@@ -65,30 +65,17 @@ def tost(a, b, margin):
 def significance(rows, pairs, margin=EQUIVALENCE_MARGIN):
     """For each pair (a, b): the difference of final rewards, a Welch t-test of a difference and a TOST of equivalence
     within +-margin, each Holm-Bonferroni corrected over the pairs, and what they allow one to say at the 5% level."""
-    by = {r["config"]: r for r in rows}
-    tests = [
-        dict(
-            a=a,
-            b=b,
-            comparison=f"{a} vs {b}",
-            diff=float(np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"])),
-            p=float(stats.ttest_ind(by[a]["rewards"], by[b]["rewards"], equal_var=False).pvalue),
-            p_tost=tost(by[a]["rewards"], by[b]["rewards"], margin),
-        )
-        for a, b in pairs
-        if a in by and b in by and by[a]["seeds"] > 1 and by[b]["seeds"] > 1
-    ]
+    by, tests = {r["config"]: r for r in rows}, []
+    for a, b in [(a, b) for a, b in pairs if a in by and b in by and by[a]["seeds"] > 1 and by[b]["seeds"] > 1]:
+        x, y = by[a]["rewards"], by[b]["rewards"]
+        test = dict(a=a, b=b, comparison=f"{a} vs {b}", diff=float(np.mean(x) - np.mean(y)))
+        tests.append(test | dict(p=float(stats.ttest_ind(x, y, equal_var=False).pvalue), p_tost=tost(x, y, margin)))
     for key in ("p", "p_tost"):
         for t, adjusted in zip(tests, holm([t[key] for t in tests]) if tests else []):
             t[key + "_holm"] = float(adjusted)
-    for t in tests:
-        t["verdict"] = (
-            ("higher" if t["diff"] > 0 else "lower")
-            if t["p_holm"] < 0.05
-            else f"equivalent (within ±{margin:g})"
-            if t["p_tost_holm"] < 0.05
-            else "not decided"
-        )
+    for t in tests:  # a difference if Welch's test finds one, else equivalence if the TOST does
+        differs = ("higher" if t["diff"] > 0 else "lower") if t["p_holm"] < 0.05 else None
+        t["verdict"] = differs or (f"equivalent (within ±{margin:g})" if t["p_tost_holm"] < 0.05 else "not decided")
     return tests
 
 
@@ -122,62 +109,40 @@ def summarize(runs, configs):
             recs = runner.records(run)
             steps = [r for r in recs if "loss" in r]
             evals = [r for r in recs if "eval/reward" in r]
-            per_seed.append(
-                dict(
-                    reward=evals[-1]["eval/reward"],
-                    accuracy=evals[-1].get("eval/accuracy", math.nan),
-                    curve=[(r["step"], r["eval/reward"], r.get("eval/accuracy")) for r in evals],
-                    train={k: [(r["step"], r[k]) for r in steps if k in r] for k in plots.DIAGNOSTICS},
-                    clamped=np.mean([r.get("humanline/clamped_frac", 0) for r in steps]),
-                    margin=np.mean([r.get("rewards/margins", math.nan) for r in steps]),
-                    abs_log_ratio=np.mean([r.get("ratio/abs_log", math.nan) for r in steps]),
-                    logp_chosen=steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan)),
-                    logp_rejected=steps[-1].get("logps/rejected", math.nan),
-                    wall=float(run["wall_seconds"]),
-                    cpu=float(run["cpu_seconds"]),
-                    # the training loop alone: optimizer steps, online sampling and scoring (no start-up, no evaluation)
-                    loop=sum(r.get("perf/step_seconds", 0) + r.get("online/seconds", 0) for r in recs),
-                    args=json.loads(run.get("args.json", "{}")),
-                    # the real model's: the cut share of its last answers, what the reward leaves out (quality.json)
-                    cut=evals[-1].get("eval/truncated_frac", math.nan),
-                    quality=json.loads(run.get("quality.json", "{}")),
-                )
+            last = evals[-1]
+            seed_row = dict(reward=last["eval/reward"], accuracy=last.get("eval/accuracy", math.nan))
+            seed_row["curve"] = [(r["step"], r["eval/reward"], r.get("eval/accuracy")) for r in evals]
+            seed_row["train"] = {k: [(r["step"], r[k]) for r in steps if k in r] for k in plots.DIAGNOSTICS}
+            seed_row["clamped"] = np.mean([r.get("humanline/clamped_frac", 0) for r in steps])
+            seed_row["margin"] = np.mean([r.get("rewards/margins", math.nan) for r in steps])
+            seed_row["abs_log_ratio"] = np.mean([r.get("ratio/abs_log", math.nan) for r in steps])
+            seed_row["logp_chosen"] = steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan))
+            seed_row["logp_rejected"] = steps[-1].get("logps/rejected", math.nan)
+            seed_row |= dict(wall=float(run["wall_seconds"]), cpu=float(run["cpu_seconds"]))
+            # the training loop alone: optimizer steps, online sampling and scoring (no start-up, no evaluation)
+            seed_row["loop"] = sum(r.get("perf/step_seconds", 0) + r.get("online/seconds", 0) for r in recs)
+            seed_row["args"] = json.loads(run.get("args.json", "{}"))
+            # the real model's: the cut share of its last answers, what the reward leaves out (quality.json)
+            seed_row |= dict(
+                cut=last.get("eval/truncated_frac", math.nan), quality=json.loads(run.get("quality.json", "{}"))
             )
+            per_seed.append(seed_row)
         if not per_seed:
             continue
 
         def ms(key):
             return mean_se([s[key] for s in per_seed])
 
-        clamped = ms("clamped")
-        rows.append(
-            dict(
-                config=name,
-                script=script,
-                flags=flags,
-                seeds=len(per_seed),
-                reward=ms("reward"),
-                accuracy=ms("accuracy"),
-                rewards=[s["reward"] for s in per_seed],
-                new_seed=new_seed_range([s["reward"] for s in per_seed]),
-                accuracies=[s["accuracy"] for s in per_seed],
-                walls=[s["wall"] for s in per_seed],
-                cpus=[s["cpu"] for s in per_seed],
-                loops=[s["loop"] for s in per_seed],
-                wall=ms("wall"),
-                cpu=ms("cpu"),
-                loop=ms("loop"),
-                clamped_frac=clamped,
-                regime=regime(flags, clamped[0]),
-                margin=ms("margin"),
-                abs_log_ratio=ms("abs_log_ratio"),
-                logp_chosen=ms("logp_chosen"),
-                logp_rejected=ms("logp_rejected"),
-                curves=[s["curve"] for s in per_seed],
-                train=[s["train"] for s in per_seed],
-                args=[s["args"] for s in per_seed],
-            )
-        )
+        def each(key):
+            return [s[key] for s in per_seed]
+
+        row = dict(config=name, script=script, flags=flags, seeds=len(per_seed), reward=ms("reward"))
+        row |= dict(accuracy=ms("accuracy"), rewards=each("reward"), new_seed=new_seed_range(each("reward")))
+        row |= dict(accuracies=each("accuracy"), walls=each("wall"), cpus=each("cpu"), loops=each("loop"))
+        row |= dict(wall=ms("wall"), cpu=ms("cpu"), loop=ms("loop"), clamped_frac=ms("clamped"))
+        row |= dict(regime=regime(flags, ms("clamped")[0]), margin=ms("margin"), abs_log_ratio=ms("abs_log_ratio"))
+        row |= dict(logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"), curves=each("curve"))
+        rows.append(row | dict(train=each("train"), args=each("args")))
         if all(s["quality"] for s in per_seed):  # the real model's runs: their answers' quality, their cut share
             rows[-1] |= dict(cut=ms("cut"), cuts=[s["cut"] for s in per_seed])
             for key in ("perplexity", "repeated_words"):
@@ -207,6 +172,10 @@ def choose_rates(results):
             if all(c and c["seeds"] == len(seeds) for c in found):
                 chosen[key.format(cell)] = rates[int(np.argmax([c["reward"][0] for c in found]))]
     return chosen
+
+
+def header(columns):  # a markdown table's first two lines, of its columns "a | b | c"
+    return [f"| {columns} |", "|---" * (columns.count(" | ") + 1) + "|"]
 
 
 def fmt(pair, digits=3):
@@ -244,8 +213,7 @@ def long_table(rows, held_out="the toy test problems"):
         "learning rate; the regime of the humanline diagnostics below (clamp active: >= 1% of tokens outside the "
         "clamp's range, rare: 0.1-1%, idle: < 0.1%).",
         "",
-        "| configuration | seeds | reward | new seed | accuracy | lr | regime |",
-        "|---" * 7 + "|",
+        *header("configuration | seeds | reward | new seed | accuracy | lr | regime"),
     ]
     for r in rows:
         lo, hi = r["new_seed"]
@@ -262,9 +230,10 @@ def long_table(rows, held_out="the toy test problems"):
         "reference), both averaged over training; mean token log-probs of chosen and rejected (GRPO: of the trained "
         "completions) at the last step.",
         "",
-        "| configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen "
-        "| logp rejected |",
-        "|---" * 9 + "|",
+        *header(
+            "configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen "
+            "| logp rejected"
+        ),
     ]
     for r in rows:
         lines.append(
@@ -284,8 +253,7 @@ def tests_table(tests, title="the comparisons of this table", margin=EQUIVALENCE
         f"±{margin:g} reward (the margin fixed before the runs), each Holm-Bonferroni corrected over "
         f"{title}; the verdict at the 5% level:",
         "",
-        "| comparison | reward difference | p (Welch) | p (Holm) | p (TOST) | p (TOST, Holm) | verdict |",
-        "|---" * 7 + "|",
+        *header("comparison | reward difference | p (Welch) | p (Holm) | p (TOST) | p (TOST, Holm) | verdict"),
     ] + [
         f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} | {t['p_tost']:.3g} "
         f"| {t['p_tost_holm']:.3g} | {t['verdict']} |"
@@ -304,7 +272,7 @@ def time_ratios(rows):
     pairs = [(by[a], by[b]) for a, b in pairs if a in by and b in by]
     if not pairs:
         return []
-    return ["", "| time ratio (medians over seeds) | wall | CPU | training loop |", "|---|---|---|---|"] + [
+    return ["", *header("time ratio (medians over seeds) | wall | CPU | training loop")] + [
         f"| {a['config']} / {b['config']} | {np.median(a['walls']) / np.median(b['walls']):.2f} "
         f"| {np.median(a['cpus']) / np.median(b['cpus']):.2f} | {np.median(a['loops']) / np.median(b['loops']):.2f} |"
         for a, b in pairs
@@ -321,11 +289,8 @@ def setup_table(rows):
     def value(args, key):  # one value, or all that occur
         return ", ".join(sorted({json.dumps(a.get(key)).strip('"') for a in args}))
 
-    lines = [
-        "| variant | batch | beta | max grad norm | sync | clamp (log bounds) | GRPO PPO eps | online samples "
-        "| temperature |",
-        "|---" * 9 + "|",
-    ]
+    columns = "variant | batch | beta | max grad norm | sync | clamp (log bounds) | GRPO PPO eps | online samples"
+    lines = header(columns + " | temperature")
     for cell, args in runs.items():
         v = lambda key: value(args, key)  # noqa: E731
         online = v("online") == "true"
@@ -359,8 +324,7 @@ def sweep_tables(rows, start):
         f"the paper's rate for that variant (its Table 3); the chosen rate has the highest mean. The starting policy "
         f"scores {start:.3f} on these prompts.",
         "",
-        "| variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen |",
-        "|---" * (len(MULTIPLES) + 3) + "|",
+        *header("variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen"),
     ]
     for cell, _, _ in CELLS:
         cells = [by.get(f"{cell} lr {m * paper_lr(cell):g}") for m in MULTIPLES]
@@ -387,8 +351,7 @@ def sweep_tables(rows, start):
         f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
         "variant's chosen rate (validation reward):",
         "",
-        "| variant | at the shared rate | at its chosen rate |",
-        "|---|---|---|",
+        *header("variant | at the shared rate | at its chosen rate"),
     ]
     for cell, _, _ in CELLS:
         shared = by.get(f"{cell} lr {SHARED_LR:g}")
@@ -402,8 +365,7 @@ def sweep_tables(rows, start):
         "The mechanism, offline: at each rate the validation reward, the DPO/KTO reward margin (GRPO: mean |token "
         "log-ratio| to the reference) and the fraction of tokens outside [-1.5, 1.5], both averaged over training:",
         "",
-        "| variant | lr | reward | margin | mean abs log-ratio | clamped frac |",
-        "|---|---|---|---|---|---|",
+        *header("variant | lr | reward | margin | mean abs log-ratio | clamped frac"),
     ]
     for cell, _, _ in CELLS:
         if "offline" in cell:
@@ -437,8 +399,7 @@ def lora_tables(rows):
         "Each variant with every weight trained and with LoRA adapters (final test reward, mean ± standard error; the "
         "difference's verdict and Holm-corrected p as in the table above) and the two learning rates chosen:",
         "",
-        "| variant | full fine-tuning | LoRA | LoRA - full | LoRA's rate / full's |",
-        "|---|---|---|---|---|",
+        *header("variant | full fine-tuning | LoRA | LoRA - full | LoRA's rate / full's"),
     ]
     for cell, _, _ in LORA_CELLS:
         t, full, lora = verdict.get((f"{cell} lora", cell)), by.get(cell), by.get(f"{cell} lora")
@@ -453,8 +414,7 @@ def lora_tables(rows):
         "Humanline's comparisons with every weight trained (the difference of the means above) and with LoRA (its "
         "verdict and Holm-corrected p as in the table above):",
         "",
-        "| comparison | full fine-tuning | LoRA |",
-        "|---|---|---|",
+        *header("comparison | full fine-tuning | LoRA"),
     ]
     for algo, other in [(a, b) for a in ("dpo", "grpo") for b in ("offline", "online")]:
         a, b = f"{algo} offline+humanline", f"{algo} {other}"
@@ -477,8 +437,7 @@ def instance_tables(rows, main_rows):
         "Final test reward (mean ± standard error over seeds; instance 0: the main suite's 5 seeds, others 3) on each "
         "toy instance, at the variant's learning rate chosen on instance 0:",
         "",
-        "| variant | " + " | ".join(names) + " |",
-        "|---" * (len(names) + 1) + "|",
+        *header(" | ".join(["variant", *names])),
     ]
     lines += [
         f"| {c} | " + " | ".join(fmt(by[f"{n}: {c}"]["reward"]) if f"{n}: {c}" in by else "" for n in names) + " |"
@@ -504,8 +463,7 @@ def instance_tables(rows, main_rows):
         "Each comparison on each instance (difference, verdict of Welch and TOST at 5%, Holm over the instance's "
         "comparisons, and the p-values behind it) and whether the verdict is the same on all of them:",
         "",
-        "| comparison | " + " | ".join(names) + " | same on all |",
-        "|---" * (len(names) + 2) + "|",
+        *header(" | ".join(["comparison", *names, "same on all"])),
     ]
     for p in pairs:
         ts = [verdicts.get((n, p)) for n in names]
