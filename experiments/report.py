@@ -123,9 +123,9 @@ def summarize(runs, configs):
             seed_row["loop"] = sum(r.get("perf/step_seconds", 0) + r.get("online/seconds", 0) for r in recs)
             seed_row["args"] = json.loads(run.get("args.json", "{}"))
             # the real model's: the cut share of its last answers, what the reward leaves out (quality.json)
-            seed_row |= dict(
-                cut=last.get("eval/truncated_frac", math.nan), quality=json.loads(run.get("quality.json", "{}"))
-            )
+            seed_row["cut"] = last.get("eval/truncated_frac", math.nan)
+            seed_row["quality"] = json.loads(run.get("quality.json", "{}"))
+            seed_row["answers"] = [json.loads(line) for line in run.get("eval_samples.jsonl", "").splitlines()]
             per_seed.append(seed_row)
         if not per_seed:
             continue
@@ -144,7 +144,7 @@ def summarize(runs, configs):
         row |= dict(logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"), curves=each("curve"))
         rows.append(row | dict(train=each("train"), args=each("args")))
         if all(s["quality"] for s in per_seed):  # the real model's runs: their answers' quality, their cut share
-            rows[-1] |= dict(cut=ms("cut"), cuts=[s["cut"] for s in per_seed])
+            rows[-1] |= dict(cut=ms("cut"), cuts=each("cut"), answers=each("answers"))
             for key in ("perplexity", "repeated_words"):
                 rows[-1][key] = mean_se([s["quality"][key] for s in per_seed])
     return rows
@@ -516,6 +516,27 @@ def real_table(rows, ctx):
     return lines
 
 
+def answers(rows, ctx):
+    """What every trained model writes: each run's answer to the first test prompt of each kind (constraint, or
+    phrasing), its reward and whether it finished; the success of the reward is read in these, not in a few."""
+    lines = [
+        "",
+        "Every run's answer to the first test prompt of each kind, its reward, and `cut` where it did not finish:",
+    ]
+    for r in rows:
+        for seed, answered in zip(r["args"], r["answers"]):
+            first = {}
+            for a in answered:
+                first.setdefault(suites.smollm2.kind(ctx.entry.task, a), a)
+            lines += ["", f"**{r['config']}, seed {seed['seed']}**", ""]
+            for a in first.values():
+                said = a["completion"].strip().replace("\n", " ").replace("|", "/")
+                lines.append(
+                    f"- {a['prompt'][-1]['content']} → {said!r} ({a['reward']:.0f}{', cut' * (not a['finished'])})"
+                )
+    return lines
+
+
 def step_80_table(rows, ctx):
     """The ablations' data probe trains for 80 steps: every row (and the main suite's DPO rows) at step 80."""
     lines = ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", ""]
@@ -555,6 +576,7 @@ SECTIONS = {
     "lora": lambda rows, ctx: lora_tables(rows),
     "real sweep": real_sweep_table,
     "real": real_table,
+    "answers": answers,
 }
 
 
@@ -577,7 +599,7 @@ def report(results, suite, configs, main_rows=(), mix_code=False, note=""):
             r = dict(
                 r, flags=[x.replace(results + os.sep, "<results>/") for x in r["flags"]]
             )  # the same on every machine
-            f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args")}) + "\n")
+            f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args", "answers")}) + "\n")
     lines = [f"# {suite}", "", provenance_line(rows), "", *([note, ""] if note else [])]
     early = [  # online runs whose whole pass of prompts gave no batch end early, evaluated
         f"{c.name} seed {seed} at step {r['step']}"

@@ -435,7 +435,7 @@ for task in smollm2.TASKS:
     )
     SUITES[task] = Suite(
         real(task),
-        ("long", "tests", "real", "time"),
+        ("long", "tests", "real", "time", "answers"),
         lambda names: REAL_PAIRS,
         held_out=f"the {task} task's 256 test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
