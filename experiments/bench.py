@@ -466,7 +466,7 @@ def write(opts, rows, text, start, load):
 
 
 def parser(description, out):
-    p = argparse.ArgumentParser(description=description)
+    p = argparse.ArgumentParser(description=description, allow_abbrev=False)  # --trl is not --trl_options
     p.add_argument("--models", default="toy,30m", help="Comma-separated: toy, 30m, smollm2 (the real model).")
     p.add_argument("--algos", default="dpo,kto,grpo")
     p.add_argument("--steps", type=int, default=5, help="Optimizer steps per configuration, all timed.")

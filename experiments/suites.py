@@ -1,18 +1,7 @@
 """Every suite of runs, as data: its runs (configuration, script, flags, seeds) at the learning rates chosen so far, and
-what its report adds (the comparisons it tests, its tables, its plot). The runner and the report read these entries
-and never a suite's name.
-
-The toy's suites reproduce the paper's comparisons on the built-in task. `sweep` trains each of the 12 variants (DPO,
-KTO, GRPO x offline, offline+humanline, online, online+humanline) at 0.25x-4x the paper's rate (its Table 3), 3 seeds,
-on the validation prompts; each variant's rate is the one with the highest mean there. The others train at the chosen
-rates on the test prompts: `main` (5 seeds), `instances` (two more toy instances), `offpolicy` (GRPO sampling every 64
-steps), `ablations` (DPO's, the regime probes, GRPO's clip probe), `quality` (the data-quality proxy); `lora_sweep` and
-`lora` do the same for LoRA adapters against full fine-tuning.
-
-The real model's suites run only when named: per task of experiments/smollm2.py (`constraints`, `addition`),
-`<task>_sweep` trains DPO, KTO and GRPO offline, offline + humanline and online at 1x, 4x and 16x the paper's rate
-(one seed, the 128 validation prompts); `<task>` trains each at its chosen rate, 5 seeds (KTO 3), on the 256 test
-prompts, and measures each trained model's answers beyond the reward (smollm2.quality).
+what its report adds (the comparisons it tests, its tables, its plot). The runner and the report read these entries,
+never a suite's name. A sweep trains each variant at several rates on the validation prompts; the rate with the best
+mean there is the one the other suites train it at, on the test prompts. What each suite shows: docs/results.md.
 """
 
 import math
@@ -86,13 +75,8 @@ def rates_line(chosen, cells, lora=False):
 
 # ---- the toy's suites ------------------------------------------------------------------------------------------------
 def sweep(results, chosen):
-    return [
-        Config(
-            f"{cell} lr {m * paper_lr(cell):g}", script, flags + lr_flags(m * paper_lr(cell)) + VALIDATION, SWEEP_SEEDS
-        )
-        for cell, script, flags in CELLS
-        for m in MULTIPLES
-    ]
+    rates = [(c, s, f, m * paper_lr(c)) for c, s, f in CELLS for m in MULTIPLES]
+    return [Config(f"{c} lr {lr:g}", s, f + lr_flags(lr) + VALIDATION, SWEEP_SEEDS) for c, s, f, lr in rates]
 
 
 def main(results, chosen):
@@ -158,13 +142,8 @@ def ablations(results, chosen):
         dpo = [(name, ["--offline"] + flags) for name, flags in dpo]
         # regime probes: with k = 1 a token's log-ratio is one step's change, far inside every Table 6 range, so those
         # rows cannot differ; ranges this tight make the clamp act on a few percent of tokens
-        dpo += [
-            (
-                f"dpo humanline clip [{-e:g}, {e:g}] (regime probe)",
-                ["--humanline", "--log_eps_P", str(-e), "--log_eps_R", str(e)],
-            )
-            for e in (0.01, 0.003)
-        ]
+        tight = [(e, ["--humanline", "--log_eps_P", str(-e), "--log_eps_R", str(e)]) for e in (0.01, 0.003)]
+        dpo += [(f"dpo humanline clip [{-e:g}, {e:g}] (regime probe)", flags) for e, flags in tight]
         # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts
         # keeps ~3200 pairs, so 80 steps of 32: compare with the other rows' step-80 evaluation), without and with
         # humanline. Does the gap to online come from the offline data being another model's, or from its being stale?
@@ -175,19 +154,13 @@ def ablations(results, chosen):
         ]
         lr = lr_flags(chosen["dpo offline+humanline"]) + CURVE
         out = [Config(name, "dpo_humanline.py", flags + lr, FEW_SEEDS) for name, flags in dpo]
-    out += [
-        Config(
-            f"{a} humanline clip [{-e:g}, {e:g}] (regime probe)",
-            f"{a}_humanline.py",
-            ["--offline", "--humanline", "--log_eps_P", str(-e), "--log_eps_R", str(e)]
-            + lr_flags(chosen[f"{a} offline+humanline"])
-            + CURVE,
-            FEW_SEEDS,
-        )
-        for a in ("kto", "grpo")
-        for e in (0.01, 0.003)
-        if f"{a} offline+humanline" in chosen
-    ]
+    for a in [a for a in ("kto", "grpo") if f"{a} offline+humanline" in chosen]:
+        for e in (0.01, 0.003):
+            flags = ["--offline", "--humanline", "--log_eps_P", str(-e), "--log_eps_R", str(e)]
+            flags += lr_flags(chosen[f"{a} offline+humanline"]) + CURVE
+            out.append(
+                Config(f"{a} humanline clip [{-e:g}, {e:g}] (regime probe)", f"{a}_humanline.py", flags, FEW_SEEDS)
+            )
     if "grpo offline+humanline" in chosen:  # what holds plain offline GRPO back, at offline + humanline GRPO's rate:
         # the KL term to the starting policy, or the PPO clip around it (which the synced reference resets every step)?
         lr = lr_flags(chosen["grpo offline+humanline"]) + CURVE
@@ -202,35 +175,19 @@ def ablations(results, chosen):
 def quality(results, chosen):
     if "dpo offline+humanline" not in chosen:  # one rate: offline+humanline DPO's
         return []
-    lr = lr_flags(chosen["dpo offline+humanline"]) + CURVE
-    out = [
-        Config(
-            f"dpo offline+humanline, quartile {q} of the data",
-            "dpo_humanline.py",
-            ["--humanline", "--dataset", quartile_file(results, q), "--max_steps", "30"] + lr,
-            FEW_SEEDS,
-        )
-        for q in (1, 2, 3, 4)
-    ]
+    lr, name = lr_flags(chosen["dpo offline+humanline"]) + CURVE, "dpo offline+humanline"
+    runs = [(f"quartile {q} of the data", quartile_file(results, q), "30") for q in (1, 2, 3, 4)]
     # the other source: the weak model's 755 pairs (proxy -0.60) against as many of the strong's (-0.11), one epoch
-    return out + [
-        Config(
-            f"dpo offline+humanline, the {source} source's data, 23 steps",
-            "dpo_humanline.py",
-            ["--humanline", "--dataset", f"toy:{source}", "--max_steps", "23"] + lr,
-            FEW_SEEDS,
-        )
-        for source in ("weak", "strong")
-    ]
+    runs += [(f"the {source} source's data, 23 steps", f"toy:{source}", "23") for source in ("weak", "strong")]
+    flags = lambda data, steps: ["--humanline", "--dataset", data, "--max_steps", steps] + lr  # noqa: E731
+    return [Config(f"{name}, {what}", "dpo_humanline.py", flags(data, steps), FEW_SEEDS) for what, data, steps in runs]
 
 
 def lora_sweep(results, chosen):
+    rates = [(c, s, f, m * paper_lr(c)) for c, s, f in LORA_CELLS for m in LORA_MULTIPLES]
     return [
-        Config(
-            f"{c} lora lr {m * paper_lr(c):g}", s, f + LORA_RANK + lr_flags(m * paper_lr(c)) + VALIDATION, SWEEP_SEEDS
-        )
-        for c, s, f in LORA_CELLS
-        for m in LORA_MULTIPLES
+        Config(f"{c} lora lr {lr:g}", s, f + LORA_RANK + lr_flags(lr) + VALIDATION, SWEEP_SEEDS)
+        for c, s, f, lr in rates
     ]
 
 
@@ -254,9 +211,8 @@ def instance_config(results, seed):
 
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, sft_steps=20, strong_steps=5, weak_step=10)
-TINY |= dict(
-    n_train_prompts=256, n_test_prompts=32, n_valid_prompts=32, offline_prompts=(("strong", 256), ("weak", 64))
-)
+TINY |= dict(n_train_prompts=256, n_test_prompts=32, n_valid_prompts=32)
+TINY |= dict(offline_prompts=(("strong", 256), ("weak", 64)))
 
 
 def build_instances(results, configs):

@@ -1,4 +1,4 @@
-"""The benchmark's side-by-side arithmetic (experiments/bench.py --trl): which TRL configuration each of our rows is
+"""The benchmark's side-by-side arithmetic (experiments/bench_trl.py): which TRL configuration each of our rows is
 held against, and when a target is called met, missed or not decided."""
 
 import os
@@ -8,6 +8,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
 import bench  # noqa: E402
+import bench_trl  # noqa: E402
 
 DEFAULTS, PLAIN = "TRL: DPO defaults", "TRL: DPO, no checkpointing"
 PRE = "TRL: DPO, precompute_ref_log_probs"
@@ -30,13 +31,13 @@ MEMORY = {
 
 
 def test_checkpointing_is_read_from_the_name():
-    assert bench.checkpoints("ours: offline, checkpointing") and not bench.checkpoints("ours: offline")
-    assert bench.checkpoints(DEFAULTS) and bench.checkpoints(PRE) and not bench.checkpoints(PLAIN)
-    assert not bench.checkpoints("TRL: GRPO, no checkpointing, our completions")
+    assert bench_trl.checkpoints("ours: offline, checkpointing") and not bench_trl.checkpoints("ours: offline")
+    assert bench_trl.checkpoints(DEFAULTS) and bench_trl.checkpoints(PRE) and not bench_trl.checkpoints(PLAIN)
+    assert not bench_trl.checkpoints("TRL: GRPO, no checkpointing, our completions")
 
 
 def test_each_row_is_held_against_the_fastest_trl_run_within_its_memory_and_trl_at_equal_checkpointing():
-    rows = {r["config"]: r for r in bench.compare(RUNS, MEMORY, DEFAULTS, PLAIN, PRE)}
+    rows = {r["config"]: r for r in bench_trl.compare(RUNS, MEMORY, DEFAULTS, PLAIN, PRE)}
     ours = rows["ours: offline"]
     # TRL's runs at or below 1.0 GiB: defaults (2.0 s), precompute (1.0 s median): the faster is precompute
     assert ours["fastest TRL within memory"] == PRE
@@ -51,14 +52,14 @@ def test_each_row_is_held_against_the_fastest_trl_run_within_its_memory_and_trl_
     # GRPO has no precomputed run: equal checkpointing is TRL's defaults, or TRL without checkpointing
     grpo = {"ours: online": [1.0], "TRL: GRPO defaults": [2.0], "TRL: GRPO, no checkpointing": [1.0]}
     memory = {"ours: online": 1.0, "TRL: GRPO defaults": 0.9, "TRL: GRPO, no checkpointing": 1.2}
-    rows = bench.compare(grpo, memory, "TRL: GRPO defaults", "TRL: GRPO, no checkpointing", "TRL: GRPO defaults")
+    rows = bench_trl.compare(grpo, memory, "TRL: GRPO defaults", "TRL: GRPO, no checkpointing", "TRL: GRPO defaults")
     assert rows[0]["memory baseline"] == "TRL: GRPO, no checkpointing"
     assert rows[0]["fastest TRL within memory"] == "TRL: GRPO defaults"
 
 
 def test_a_target_is_decided_only_where_the_whole_range_lies_on_one_side():
-    rows = bench.compare(RUNS, MEMORY, DEFAULTS, PLAIN, PRE)
-    text = bench.side_by_side_targets(rows)
+    rows = bench_trl.compare(RUNS, MEMORY, DEFAULTS, PLAIN, PRE)
+    text = bench_trl.side_by_side_targets(rows)
     lines = text.splitlines()
     assert all("TRL:" not in line.split(" vs ")[0].split(" peak ")[0] for line in lines)  # our rows only
     # 0.4-0.6 of the default step: met; 0.8-1.2 of precompute's step: straddles 1.0
@@ -70,11 +71,11 @@ def test_a_target_is_decided_only_where_the_whole_range_lies_on_one_side():
     assert any(
         line.startswith("- no TRL configuration peaks at or below ours: offline, checkpointing") for line in lines
     )
-    slow = bench.compare({**RUNS, "ours: offline": [2.0, 2.2, 1.9]}, MEMORY, DEFAULTS, PLAIN, PRE)
+    slow = bench_trl.compare({**RUNS, "ours: offline": [2.0, 2.2, 1.9]}, MEMORY, DEFAULTS, PLAIN, PRE)
     assert "- MISSED: ours: offline vs TRL defaults <= 0.9: median 1.000, range [0.950, 1.100]" in (
-        bench.side_by_side_targets(slow).splitlines()
+        bench_trl.side_by_side_targets(slow).splitlines()
     )
-    table = bench.side_by_side_table(rows).splitlines()
+    table = bench_trl.side_by_side_table(rows).splitlines()
     assert len(table) == 2 + len(RUNS) and all(line.count("|") == table[0].count("|") for line in table)
 
 
@@ -89,12 +90,13 @@ def test_the_documented_side_by_side_rows_are_the_committed_runs():
 
 
 def test_the_real_model_trains_on_its_own_tasks_data_and_stops_in_one_line_when_not_made(tmp_path, monkeypatch):
-    """--models smollm2: its offline pairs, or online its training prompts, reward and 48-token completions (the
-    toy's digit data is for the toy's tokenizer); without its folder, a line that says how to make it."""
+    """--models smollm2: its constraints task's pairs, or online its training prompts, reward and 48-token completions,
+    as experiments/smollm2.py sets its runs (the toy's digit data is for the toy's tokenizer); without its folder, a
+    line that says how to make it."""
     offline = bench.smollm2_flags(["--offline", "--humanline"])
-    assert offline[offline.index("--dataset") + 1] == "experiments/smollm2/pairs.jsonl"
+    assert offline[offline.index("--dataset") + 1] == "experiments/smollm2/constraints/pairs.jsonl"
     online = bench.smollm2_flags(["--online"])
-    assert online[online.index("--dataset") + 1] == "experiments/smollm2/train.jsonl"
+    assert online[online.index("--dataset") + 1] == "experiments/smollm2/constraints/train.jsonl"
     assert online[online.index("--reward_funcs") + 1] == "experiments.smollm2:reward"
     assert online[online.index("--max_new_tokens") + 1] == "48" and "--max_length" in online
     for flags in (offline, online):
