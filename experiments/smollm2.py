@@ -5,7 +5,6 @@ defined here once (the suites, the benchmark and the tests import them).
     python experiments/smollm2.py prompts                    # rewrites both tasks' prompt splits (seeded)
     python experiments/smollm2.py baseline --task addition   # the starting model's success on held-out prompts
     python experiments/smollm2.py pairs --task constraints   # rewrites a task's offline pairs (about 40 minutes)
-    python experiments/smollm2.py samples --model OUTPUT_DIR --task constraints   # what a trained model writes
     python experiments/smollm2.py memory                     # the memory plan against the measured peak (25 min)
     python experiments/smollm2.py quality --task addition --samples RUN/eval_samples.jsonl   # beyond the reward
 
@@ -383,17 +382,6 @@ def quality(samples_file, task, model=MODEL_DIR):
                 cut=1 - sum(r["finished"] for r in rows) / len(rows), answers=len(rows))  # fmt: skip
 
 
-def samples(model, task, name, show=2):
-    """A trained model's greedy success on a task's test prompts by kind, its quality and its first `show` answers of
-    each kind."""
-    for _, rows, texts, scores, finished in greedy(model, task, ("test",)):
-        print(f"{name}: success {sum(scores) / len(scores):.3f}, cut {1 - sum(finished) / len(finished):.3f}")
-        print(f"by kind: {by_kind(task, rows, scores)}")
-        for k in sorted({kind(task, r) for r in rows}):
-            for i in [i for i, r in enumerate(rows) if kind(task, r) == k][:show]:
-                print(f"- {rows[i]['prompt'][-1]['content']!r} -> {texts[i].strip()!r} ({scores[i]:.0f})")
-
-
 # the model's shape (its config.json): memory depends on it, not on the weights' values
 SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9)
 SHAPE |= dict(num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)
@@ -429,10 +417,9 @@ def memory(out=os.path.join(ROOT, "experiments", "smollm2", "memory.md")):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = ["model", "prompts", "baseline", "pairs", "memory", "samples", "quality"]
-    parser.add_argument("command", choices=commands, help="what to make (samples: what --model writes)")
-    parser.add_argument("--task", choices=sorted(TASKS), default="constraints", help="baseline, pairs, samples")
-    parser.add_argument("--model", default=MODEL_DIR, help="samples: a trained model's folder")
+    commands = ["model", "prompts", "baseline", "pairs", "memory", "quality"]
+    parser.add_argument("command", choices=commands, help="what to make")
+    parser.add_argument("--task", choices=sorted(TASKS), default="constraints", help="baseline, pairs, quality")
     parser.add_argument("--samples", help="quality: a run's eval_samples.jsonl (writes quality.json beside it)")
     args = parser.parse_args()
     if args.command == "quality":
@@ -448,8 +435,6 @@ def main():
         make_pairs(args.task)
     elif args.command == "memory":
         memory()
-    elif args.command == "samples":
-        samples(args.model, args.task, args.model)
     else:
         baseline(args.task)
 
