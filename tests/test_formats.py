@@ -19,15 +19,10 @@ from unittest import mock
 
 import documented
 import pytest
+import runs
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import (
-    AutoConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    LlamaForSequenceClassification,
-    PreTrainedTokenizerFast,
-)
+from transformers import AutoConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 import dpo_humanline
 import grpo_humanline
@@ -60,18 +55,8 @@ def chat_tokenizer():
 
 
 def tiny_config(tokenizer, **kw):
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **kw,
-    )
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return runs.llama(vocab=len(tokenizer), hidden=32, max_position_embeddings=512, **special, **kw)
 
 
 @pytest.fixture(scope="module")

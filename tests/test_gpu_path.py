@@ -12,6 +12,7 @@ from unittest import mock
 
 import gpu_path_helper
 import pytest
+import runs
 import torch
 import warm
 from safetensors import safe_open
@@ -105,16 +106,7 @@ def saved_tensors(fn):
 
 def small_llama(vocab=4096, layers=2, tied=False, **kw):
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=tied,
-        **kw,
-    )
+    config = runs.llama(vocab=vocab, layers=layers, kv_heads=2, tied=tied, **kw)
     return LlamaForCausalLM(config).train(), config
 
 
@@ -171,18 +163,8 @@ def fsdp_model(tmp_path_factory):
     """A 63M-parameter untied Llama with the toy tokenizer."""
     tmp = tmp_path_factory.mktemp("fsdp")
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=8000,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=16,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        eos_token_id=1,
-        max_position_embeddings=256,
-    )
+    config = runs.llama(vocab=8000, hidden=512, mlp=1536, layers=16, heads=8, pad_token_id=0, eos_token_id=1)
+    config.max_position_embeddings = 256
     LlamaForCausalLM(config).save_pretrained(tmp / "model")
     AutoTokenizer.from_pretrained(os.path.join(ROOT, "toy", "model")).save_pretrained(tmp / "model")
     return tmp / "model"
@@ -320,15 +302,7 @@ def test_under_bf16_the_log_ratio_humanline_trains_on_stays_near_the_fp32_one_an
 def test_reward_models_score_in_batches_and_running_out_of_memory_names_the_flag(tmp_path, toy):
     torch.manual_seed(0)
     rm = LlamaForSequenceClassification(
-        LlamaConfig(
-            vocab_size=32,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_labels=1,
-            pad_token_id=0,
-        )
+        runs.llama(vocab=32, hidden=32, layers=1, heads=2, num_labels=1, pad_token_id=0)
     )
     rm.save_pretrained(tmp_path / "rm")
     AutoTokenizer.from_pretrained(toy.model).save_pretrained(tmp_path / "rm")
@@ -414,39 +388,15 @@ def test_checkpoints_are_written_in_the_models_dtype_rotated_and_the_final_model
 
 PEAK_SHAPES = {  # Llama shapes and the flags of a DPO step: ~45M parameters, 512-768 tokens per forward
     "untied, 8 layers": (
-        dict(
-            vocab_size=16000,
-            hidden_size=512,
-            intermediate_size=1536,
-            num_hidden_layers=8,
-            num_attention_heads=8,
-            num_key_value_heads=8,
-            tie_word_embeddings=False,
-        ),
+        runs.llama_sizes(vocab=16000, hidden=512, mlp=1536, layers=8, heads=8),
         dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=False),
     ),
     "GQA, checkpointed": (
-        dict(
-            vocab_size=8000,
-            hidden_size=768,
-            intermediate_size=2048,
-            num_hidden_layers=6,
-            num_attention_heads=12,
-            num_key_value_heads=4,
-            tie_word_embeddings=False,
-        ),
+        runs.llama_sizes(vocab=8000, hidden=768, mlp=2048, layers=6, heads=12, kv_heads=4),
         dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=True),
     ),
     "tied, wide MLP": (
-        dict(
-            vocab_size=8000,
-            hidden_size=1024,
-            intermediate_size=4096,
-            num_hidden_layers=2,
-            num_attention_heads=16,
-            num_key_value_heads=16,
-            tie_word_embeddings=True,
-        ),
+        runs.llama_sizes(vocab=8000, hidden=1024, mlp=4096, layers=2, heads=16, tied=True),
         dict(batch_size=2, micro_batch_size=2, max_length=192, gradient_checkpointing=False),
     ),
 }

@@ -93,11 +93,14 @@ def run_here(script, flags, out, env=None):
     return records(out), printed.getvalue(), len(loads)
 
 
-def llama(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=None, mlp=None, **kw):
-    """A tiny Llama's config: `hidden` wide, an MLP of `mlp` (2 hidden), `kv_heads` key-value heads (all)."""
+def llama_sizes(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=None, mlp=None, tied=False):
+    """A small Llama's config keys: `hidden` wide, an MLP of `mlp` (2 hidden), `kv_heads` key-value heads (all)."""
+    sizes = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp or 2 * hidden, num_hidden_layers=layers)
+    return sizes | dict(num_attention_heads=heads, num_key_value_heads=kv_heads or heads, tie_word_embeddings=tied)
+
+
+def llama(**kw):  # the config itself: llama_sizes' keywords, and any other config keys
     from transformers import LlamaConfig
 
-    sizes = dict(hidden_size=hidden, intermediate_size=mlp or 2 * hidden, num_hidden_layers=layers)
-    return LlamaConfig(
-        vocab_size=vocab, num_attention_heads=heads, num_key_value_heads=kv_heads or heads, **sizes, **kw
-    )
+    sizes = {k: kw.pop(k) for k in ("vocab", "hidden", "layers", "heads", "kv_heads", "mlp", "tied") if k in kw}
+    return LlamaConfig(**llama_sizes(**sizes), **kw)
