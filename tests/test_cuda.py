@@ -6,28 +6,15 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 import gpu_path_helper
 import pytest
+import runs
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-FEW = [
-    "--max_steps",
-    "3",
-    "--batch_size",
-    "8",
-    "--eval_every",
-    "3",
-    "--num_eval_prompts",
-    "16",
-    "--save_every",
-    "0",
-    "--precision",
-    "bf16",
-]
+FEW = runs.short(3, 16) + ["--eval_every", "3", "--precision", "bf16"]  # evaluated at the start and step 3
 RUNS = {
     "dpo offline + humanline": ("dpo_humanline.py", ["--humanline"]),
     "dpo online + humanline": ("dpo_humanline.py", ["--online", "--humanline", "--round_size", "32"]),
@@ -37,18 +24,9 @@ RUNS = {
 }
 
 
-def run(script, flags, out, nproc=1):
-    launcher = (
-        [sys.executable]
-        if nproc == 1
-        else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    )
+def run(script, flags, out, nproc=1):  # on the GPU for real, as a user runs it (no warm server: CUDA forks badly)
     proc = subprocess.run(
-        [*launcher, script, *FEW, *flags, "--output_dir", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1800,
+        runs.command(script, [*FEW, *flags], out, nproc), cwd=ROOT, capture_output=True, text=True, timeout=1800
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / "metrics.jsonl") as f:

@@ -579,18 +579,7 @@ def test_token_logps_equals_an_independent_log_softmax(tok, toy_model):
 # ----------------------------------------------------------------------------------------------
 
 STEPS = 4
-BASE = [
-    "--max_steps",
-    str(STEPS),
-    "--batch_size",
-    "8",
-    "--eval_every",
-    "0",
-    "--num_eval_prompts",
-    "8",
-    "--save_every",
-    "0",
-]
+BASE = runs.short(STEPS)
 ROUNDS = ["--round_size", "32", "--num_samples", "4"]  # online sampling's (offline they stop the run)
 
 

@@ -263,35 +263,11 @@ def test_under_bf16_the_log_ratio_humanline_trains_on_stays_near_the_fp32_one_an
     head in bf16 too, 1.8x and 2.2x."""
 
     def abs_log_ratio(*flags):
-        out = tmp_path / "-".join(flags)
-        proc = warm.run(
-            [
-                *TORCHRUN,
-                "grpo_humanline.py",
-                "--offline",
-                "--humanline",
-                "--model_name_or_path",
-                str(untied_toy),
-                "--max_steps",
-                "2",
-                "--batch_size",
-                "16",
-                "--eval_prompts",
-                "none",
-                "--save_every",
-                "0",
-                *flags,
-                "--output_dir",
-                str(out),
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
+        run = ["--offline", "--humanline", "--model_name_or_path", str(untied_toy), "--max_steps", "2", "--batch_size"]
+        run += ["16", "--eval_prompts", "none", "--save_every", "0", *flags]
+        return (
+            runs.run("grpo_humanline.py", run, tmp_path / "-".join(flags), nproc=2).check().records[1]["ratio/abs_log"]
         )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        with open(out / "metrics.jsonl") as f:
-            return [json.loads(line)["ratio/abs_log"] for line in f][1]
 
     fp32, bf16, bf16_head = (abs_log_ratio("--precision", *p) for p in (["fp32"], ["bf16"], ["bf16", "--no_fp32_head"]))
     assert 1e-3 < fp32 < 3e-3
@@ -347,32 +323,10 @@ def test_checkpoints_are_written_in_the_models_dtype_rotated_and_the_final_model
     bf16 = tmp_path / "bf16"
     AutoModelForCausalLM.from_pretrained(toy.model, dtype=torch.bfloat16).save_pretrained(bf16)
     AutoTokenizer.from_pretrained(toy.model).save_pretrained(bf16)
-    out = tmp_path / "run"
-    proc = warm.run(
-        [
-            sys.executable,
-            "dpo_humanline.py",
-            "--model_name_or_path",
-            str(bf16),
-            "--max_steps",
-            "3",
-            "--batch_size",
-            "8",
-            "--eval_prompts",
-            "none",
-            "--save_every",
-            "1",
-            "--save_total_limit",
-            "2",
-            "--output_dir",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out, flags = tmp_path / "run", ["--model_name_or_path", str(bf16), "--max_steps", "3", "--batch_size", "8"]
+    runs.run(
+        "dpo_humanline.py", [*flags, "--eval_prompts", "none", "--save_every", "1", "--save_total_limit", "2"], out
+    ).check()
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
     with safe_open(out / "model.safetensors", "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
@@ -442,34 +396,7 @@ def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, precisi
 def test_one_process_samples_trains_and_evaluates_under_bf16_autocast(script, flags, tmp_path):
     """The single-GPU path (autocast, no FSDP2) taken on a CPU: sampling, scoring, training and evaluation in bf16
     run, and the log-probs and losses they give are finite."""
-    proc = warm.run(
-        [
-            sys.executable,
-            script,
-            *flags,
-            "--precision",
-            "bf16",
-            "--max_steps",
-            "2",
-            "--batch_size",
-            "8",
-            "--eval_every",
-            "0",
-            "--num_eval_prompts",
-            "16",
-            "--save_every",
-            "0",
-            "--output_dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(tmp_path / "metrics.jsonl") as f:
-        records = [json.loads(line) for line in f]
+    records = runs.run(script, [*flags, "--precision", "bf16", *runs.short(2, 16)], tmp_path).check().records
     assert [r["step"] for r in records if "loss" in r] == [1, 2]
     assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)
     assert "eval/reward" in records[0] and "online/reward" in records[1] and "eval/reward" in records[-1]

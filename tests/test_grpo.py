@@ -484,20 +484,7 @@ def test_sample_and_score_weights_rewards_and_pairs_keep_raw_scores(toy_model, t
 # ----------------------------------------------------------------------------------------------
 
 STEPS = 3
-BASE_ARGS = [
-    "--max_steps",
-    str(STEPS),
-    "--batch_size",
-    "8",
-    "--eval_every",
-    "0",
-    "--num_eval_prompts",
-    "16",
-    "--num_generations",
-    "4",
-    "--save_every",
-    "0",
-]
+BASE_ARGS = runs.short(STEPS, 16) + ["--num_generations", "4"]
 
 
 @pytest.fixture(scope="module")

@@ -259,20 +259,7 @@ def test_sync_every_3_syncs_at_steps_2_and_5():
 
 # --- end to end --------------------------------------------------------------------------------
 
-SMALL = [
-    "--max_steps",
-    "3",
-    "--batch_size",
-    "8",
-    "--micro_batch_size",
-    "4",
-    "--eval_every",
-    "0",
-    "--num_eval_prompts",
-    "16",
-    "--save_every",
-    "0",
-]
+SMALL = runs.short(3, 16) + ["--micro_batch_size", "4"]
 ROUNDS = ["--round_size", "16", "--num_samples", "4"]  # online sampling's (offline they stop the run)
 MODES = {
     "offline": [],

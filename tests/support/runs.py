@@ -31,6 +31,13 @@ def command(script, flags, out, nproc=1):
     return [*launch, script, *flags, "--output_dir", str(out)]
 
 
+def short(steps, eval_prompts=8, batch=8):
+    """A short toy run's flags: `steps` steps of `batch` sequences (DPO: pairs), evaluated on `eval_prompts` test
+    prompts at the start and at the end, no checkpoint but the last."""
+    evaluated = ["--eval_every", "0", "--num_eval_prompts", str(eval_prompts)]
+    return ["--max_steps", str(steps), "--batch_size", str(batch), *evaluated, "--save_every", "0"]
+
+
 def records(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
