@@ -26,6 +26,7 @@ import grpo_humanline
 import kto_humanline
 import plumbing
 import ref_free
+import toy_task
 from dpo_humanline import Args, ReferenceModel, collate, dpo_loss, optimizer_step, token_logps
 from plumbing import encode_rows
 
@@ -672,12 +673,33 @@ def test_end_to_end(name, dpo_run, toy_model):
     assert any(not torch.equal(trained[k], initial[k]) for k in trained)
 
 
+CUT = ["--online", "--max_new_tokens", "24", "--max_steps", "1"]  # 24 tokens cut every toy answer
+
+
 def test_online_rounds_count_the_completions_cut_by_max_new_tokens(dpo_run):
     # a toy completion is 32 tokens with <eos>: --max_new_tokens 24 cuts every sample before its end, and every
     # sample is counted (the round's 32 x 4), not only those that make a pair
-    run = dpo_run(["--online", "--max_new_tokens", "24", "--max_steps", "1"]).check()
+    run = dpo_run(CUT).check()
     rounds = [r for r in run.records if "online/pairs" in r]
     assert rounds and all(r["online/truncated_completions"] == 128 for r in rounds), rounds
+    assert all(r["online/truncated_frac"] == 1.0 for r in rounds)
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["--online", "--max_new_tokens", "24", "--max_steps", "1"]], ids=["whole", "cut"]
+)
+def test_an_evaluation_writes_its_answers_and_whether_each_finished(dpo_run, extra):
+    """eval_samples.jsonl holds the last evaluation's answers, one per prompt in the prompts' order: its rewards are
+    the record's mean, its unfinished ones the record's count of cut answers (24 tokens cut every toy answer)."""
+    run = dpo_run(extra).check()
+    last = [r for r in run.records if "eval/reward" in r][-1]
+    with open(os.path.join(run.out, "eval_samples.jsonl")) as f:
+        answers = [json.loads(line) for line in f]
+    prompts = [json.loads(line)["prompt"] for line in open(toy_task.load().prompts_test)][: len(answers)]
+    assert len(answers) == 8 and [a["prompt"] for a in answers] == prompts
+    assert sum(a["reward"] for a in answers) / 8 == pytest.approx(last["eval/reward"], abs=1e-12)
+    cut = sum(not a["finished"] for a in answers)
+    assert cut == last["eval/truncated_completions"] == (8 if extra else 0) and last["eval/truncated_frac"] == cut / 8
 
 
 def test_an_online_run_whose_samples_would_be_cut_before_training_is_refused(tmp_path):
