@@ -77,9 +77,9 @@ TRL_GRPO_SETTINGS = dict(  # each one set to our scripts' online GRPO default; t
 # ---- TRL's runs (a fresh process each) -------------------------------------------------------------------------------
 def trainer_options(opts, device):
     """The Trainer options both TRL workers share: --batch per step, --steps steps, no saving, every step logged."""
-    return dict(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=opts.batch, max_steps=opts.steps,
-                save_strategy="no", report_to=[], logging_steps=1, use_cpu=device.type == "cpu",
-                bf16=device.type == "cuda", dataloader_num_workers=0)  # fmt: skip
+    options = dict(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=opts.batch, max_steps=opts.steps)
+    options |= dict(save_strategy="no", report_to=[], logging_steps=1, dataloader_num_workers=0)
+    return options | dict(use_cpu=device.type == "cpu", bf16=device.type == "cuda")
 
 
 def step_timer(device):
@@ -195,8 +195,10 @@ def trl_grpo_worker(opts):
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"  # rollout_func is marked experimental
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tok,
-                          callbacks=[Timer()], rollout_func=our_completions if ours else None)  # fmt: skip
+    rollout = our_completions if ours else None
+    trainer = GRPOTrainer(
+        model, reward, config, dataset, processing_class=tok, callbacks=[Timer()], rollout_func=rollout
+    )
     same.append(
         trainer._tokenize_prompts(list(dataset["prompt"]))[0] == [g["prompt_ids"] for g in groups[: len(dataset)]]
     )

@@ -378,8 +378,10 @@ def quality(samples_file, task, model=MODEL_DIR):
     all_words = [words(r["completion"]) for r in rows]
     repeated = sum(len(w) - len(set(w)) for w in all_words) / max(1, sum(len(w) for w in all_words))
     success = sum(r["reward"] for r in rows) / len(rows)
-    return dict(perplexity=math.exp(nll / max(1, count)), repeated_words=repeated, success=success,
-                cut=1 - sum(r["finished"] for r in rows) / len(rows), answers=len(rows))  # fmt: skip
+    cut = 1 - sum(r["finished"] for r in rows) / len(rows)
+    return dict(
+        perplexity=math.exp(nll / max(1, count)), repeated_words=repeated, success=success, cut=cut, answers=len(rows)
+    )
 
 
 # the model's shape (its config.json): memory depends on it, not on the weights' values

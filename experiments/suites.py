@@ -68,9 +68,8 @@ def rates_line(chosen, cells, lora=False):
     """The line under a suite's title: the rates its rows ran at."""
     names = {c for c, _, _ in cells}
     rates = [(c, r) for c, r in chosen.items() if c.removesuffix(" lora") in names and (lora or c in names)]
-    return f"Learning rates chosen on the validation prompts (the sweep{' and lora_sweep' * lora}): " + (
-        ", ".join(f"{c} {r:g}" for c, r in rates) or "none yet"
-    ) + "."  # fmt: skip
+    listed = ", ".join(f"{c} {r:g}" for c, r in rates) or "none yet"
+    return f"Learning rates chosen on the validation prompts (the sweep{' and lora_sweep' * lora}): {listed}."
 
 
 # ---- the toy's suites ------------------------------------------------------------------------------------------------
@@ -359,7 +358,7 @@ SUITES = {
         plot="curves",
         group=lambda n: "off-policy GRPO",
         note=chosen_rates(CELLS),
-    ),  # fmt: skip
+    ),
     "ablations": Suite(
         ablations, ("long", "tests", "time", "step 80"), lambda n: ABLATION_PAIRS, note=chosen_rates(CELLS)
     ),
