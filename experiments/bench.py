@@ -45,21 +45,13 @@ OFFLINE = [
 # --lora: LoRA adapters (rank 16 on every linear layer) beside full fine-tuning, and the two ways to hold a synced
 # reference with adapters: computed by the policy at the sync (reference-free, the default) or a second set of adapters
 LORA = ["--lora_r", "16"]
-LORA_ROWS = (
-    OFFLINE[:1]
-    + OFFLINE[2:3]
-    + [
-        ("LoRA offline", ["--offline", *LORA]),
-        ("LoRA offline, adapters disabled", ["--offline", "--ref_free", "off", *LORA]),
-        ("LoRA humanline k=1", ["--offline", "--humanline", *LORA]),
-        ("LoRA k=1, adapter reference", ["--offline", "--humanline", "--ref_free", "off", *LORA]),
-        ("LoRA humanline k=16", ["--offline", "--humanline", "--sync_every", "16", *LORA]),
-        (
-            "LoRA k=16, adapter reference",
-            ["--offline", "--humanline", "--sync_every", "16", "--ref_free", "off", *LORA],
-        ),
-    ]
-)
+K16 = ["--sync_every", "16"]
+LORA_ROWS = [OFFLINE[0], OFFLINE[2], ("LoRA offline", ["--offline", *LORA])]
+LORA_ROWS += [("LoRA offline, adapters disabled", ["--offline", "--ref_free", "off", *LORA])]
+LORA_ROWS += [("LoRA humanline k=1", ["--offline", "--humanline", *LORA])]
+LORA_ROWS += [("LoRA k=1, adapter reference", ["--offline", "--humanline", "--ref_free", "off", *LORA])]
+LORA_ROWS += [("LoRA humanline k=16", ["--offline", "--humanline", *K16, *LORA])]
+LORA_ROWS += [("LoRA k=16, adapter reference", ["--offline", "--humanline", *K16, "--ref_free", "off", *LORA])]
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}  # dense bf16
 
 
@@ -181,11 +173,8 @@ def worker(opts):
 
 # ---- running a configuration -----------------------------------------------------------------------------------------
 def env_for(device, memory=False):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # a process of its own, not a rank
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
     env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -213,17 +202,8 @@ def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=Fa
     timing = out + ".ahead.json"
     cmd = [sys.executable] + ([] if memory else [os.path.abspath(__file__), "--in_process", timing, record or "-"])
     cmd += [SCRIPTS[algo], "--model_name_or_path", model_path, "--max_steps", str(steps), "--batch_size", str(batch)]
-    cmd += [
-        "--micro_batch_size",
-        str(batch),
-        "--eval_prompts",
-        "none",
-        "--save_every",
-        "0",
-        "--output_dir",
-        out,
-        *flags,
-    ]
+    cmd += ["--micro_batch_size", str(batch), "--eval_prompts", "none", "--save_every", "0", "--output_dir", out]
+    cmd += flags
     cmd += smollm2_flags(flags) if model_path == smollm2.MODEL else []
     import resource
 
@@ -289,11 +269,8 @@ def record_samples(path, argv):
     def recording(*a, **kw):
         groups, record = sample_and_score(*a, **kw)
         if kw.get("prefix", "online") == "online":
-            kept.extend(
-                g.row | {"prompt_ids": g.prompt_ids, "completions": g.completions}
-                for g in groups
-                if None not in g.scores
-            )
+            scored = [g for g in groups if None not in g.scores]
+            kept.extend(g.row | {"prompt_ids": g.prompt_ids, "completions": g.completions} for g in scored)
         return groups, record
 
     plumbing.sample_and_score, sys.argv = recording, argv
@@ -313,28 +290,22 @@ def bench(opts, device, workdir):
         rows.append({"device": device, "model": model, "algo": "-", "config": "python + libraries", **base})
         for algo in opts.algos:
             batch = BATCH[model][algo]
-            configs = [("floor", None)] + (
-                LORA_ROWS if opts.lora else OFFLINE + [("online", online_flags(algo, model, batch))]
-            )
-            results, memory = {}, {}
+            configs = LORA_ROWS if opts.lora else OFFLINE + [("online", online_flags(algo, model, batch))]
+            configs = [("floor", None)] + configs
+
+            def run(flags, steps, memory=False):  # the floor's worker, or the script
+                if flags is None:
+                    return run_worker(__file__, "floor", algo, path, batch, steps, device, memory=memory)
+                return run_script(algo, path, flags, batch, steps, device, workdir, memory=memory)
+
+            results, memory, tag = {}, {}, f"[{device} {model} {algo}]"
             for rep, (name, flags) in [(rep, c) for rep in range(opts.repeats) for c in configs]:  # interleaved
-                print(
-                    f"[{device} {model} {algo}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True
-                )
-                run = run_worker(__file__, "floor", algo, path, batch, opts.steps, device) if flags is None else None
-                results.setdefault(name, []).append(
-                    run or run_script(algo, path, flags, batch, opts.steps, device, workdir)
-                )
-            for name, flags in (
-                configs if device == "cpu" else []
-            ):  # a separate pass: glibc frees at once, timings suffer
-                print(f"[{device} {model} {algo}] {name} (memory)", file=sys.stderr, flush=True)
-                run = (
-                    run_worker(__file__, "floor", algo, path, batch, 3, device, memory=True) if flags is None else None
-                )
-                memory[name] = (run or run_script(algo, path, flags, batch, 3, device, workdir, memory=True))[
-                    "peak_gib"
-                ]
+                print(f"{tag} {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
+                results.setdefault(name, []).append(run(flags, opts.steps))
+            # memory in a separate pass: glibc told to free at once, which slows the timings
+            for name, flags in configs if device == "cpu" else []:
+                print(f"{tag} {name} (memory)", file=sys.stderr, flush=True)
+                memory[name] = run(flags, 3, memory=True)["peak_gib"]
             rows += matrix_rows(opts, device, model, algo, batch, configs, results, memory)
     return rows
 
@@ -347,10 +318,8 @@ def matrix_rows(opts, device, model, algo, batch, configs, results, memory):
     cpu = {name: min(statistics.mean(r["cpu"]) for r in rs) for name, rs in results.items()}
     step = cpu if device == "cpu" else wall  # the basis of the ratios: on a CPU its CPU seconds
     peak = {name: memory.get(name) or max(r["peak_gib"] for r in rs) for name, rs in results.items()}
-    sync = {
-        "step_s": min(r["sync_s"] for r in results["floor"]),
-        "step_cpu_s": min(r["sync_cpu"] for r in results["floor"]),
-    }
+    sync = {"step_s": min(r["sync_s"] for r in results["floor"])}
+    sync["step_cpu_s"] = min(r["sync_cpu"] for r in results["floor"])
     head = dict(device=device, model=model, algo=algo, params=params, batch_size=batch, steps=opts.steps)
     head |= dict(tokens_per_step=tokens, basis="cpu" if device == "cpu" else "wall")
     rows = []
@@ -362,18 +331,15 @@ def matrix_rows(opts, device, model, algo, batch, configs, results, memory):
         row |= dict(median_cpu_s=statistics.median(statistics.mean(r["cpu"]) for r in runs))
         row |= dict(all_steps=[r["steps"] for r in runs], all_cpu=[r["cpu"] for r in runs])
         if name == "online":
-            row |= {
-                "round_s": statistics.median(r["round_s"] for r in runs),
-                "completion_tokens_per_s": runs[0]["online_tokens_per_s"],
-            }
+            row |= {"round_s": statistics.median(r["round_s"] for r in runs)}
+            row |= {"completion_tokens_per_s": runs[0]["online_tokens_per_s"]}
         else:
             row |= {"tokens_per_s": tokens / step[name], "tflops": 8 * params * tokens / step[name] / 1e12}
             row |= {"mfu": row["tflops"] / opts.peak_tflops} if opts.peak_tflops else {}
         rows.append(row)
     basis = sync["step_cpu_s" if device == "cpu" else "step_s"]
-    return rows + [
-        head | dict(config="sync", vs_offline=basis / step["offline"], vs_floor=basis / step["floor"]) | sync
-    ]
+    sync |= dict(config="sync", vs_offline=basis / step["offline"], vs_floor=basis / step["floor"])
+    return rows + [head | sync]
 
 
 def table(rows):
@@ -390,9 +356,7 @@ def table(rows):
         for r in block[1:]:
             if r["config"] == "sync":
                 copy = f"{r['step_s'] * 1000:.1f} ms | {r['step_cpu_s'] * 1000:.1f} ms | {100 * r['vs_offline']:.2f}%"
-                lines.append(
-                    f"| {r['algo']} | sync (one in-place copy) | {copy} | | | | | |" + " |" * mfu + " |" * whole
-                )
+                lines.append(f"| {r['algo']} | sync (one in-place copy) | {copy} | | | | | |" + " |" * (mfu + whole))
                 continue
             online = f"{r.get('completion_tokens_per_s', 0):.0f} (completions, wall)"
             tps = f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else online
@@ -420,13 +384,8 @@ def targets(rows):
         if r["config"] == "offline":
             out.append((f"{where}: offline / floor <= 1.15", r["vs_floor"], 1.15))
         if r["config"] in ("humanline k=1", "humanline k=16") and r["model"] == "30m" and free:
-            out.append(
-                (
-                    f"{where}: peak memory {r['config']} / offline, ref-free <= 1.05",
-                    r["peak_gib"] / free["peak_gib"],
-                    1.05,
-                )
-            )
+            name = f"{where}: peak memory {r['config']} / offline, ref-free <= 1.05"
+            out.append((name, r["peak_gib"] / free["peak_gib"], 1.05))
     return "\n".join(f"- {'met' if value <= limit else 'MISSED'}: {name}: {value:.3f}" for name, value, limit in out)
 
 
@@ -438,9 +397,8 @@ def devices(opts):
     if opts.device in ("auto", "cuda") and torch.cuda.is_available():
         found.append("cuda")
         name = torch.cuda.get_device_name()
-        opts.peak_tflops = getattr(opts, "peak_tflops", None) or next(
-            (v for k, v in PEAK_TFLOPS.items() if k in name), None
-        )
+        named = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+        opts.peak_tflops = getattr(opts, "peak_tflops", None) or named
     elif opts.device in ("auto", "cuda"):
         print("no CUDA device found: the GPU rows (bf16, tokens/s, MFU) are skipped", file=sys.stderr)
     return found
@@ -456,9 +414,8 @@ def write(opts, rows, text, start, load):
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
     with open(opts.out + ".jsonl", "w") as f:
         f.writelines(json.dumps(row | {"meta": meta}) + "\n" for row in rows)
-    machine = (
-        f"torch {meta['torch']}, {meta['cpus']} CPUs, one thread per process, load average {load:.1f} before the run"
-    )
+    machine = f"torch {meta['torch']}, {meta['cpus']} CPUs, one thread per process"
+    machine += f", load average {load:.1f} before the run"
     text = f"`{meta['command'].strip()}` ({meta['minutes']:.1f} min; {machine})\n" + text
     with open(opts.out + ".md", "w") as f:
         f.write(text)
@@ -494,11 +451,8 @@ def main():
     start, load, rows = time.time(), os.getloadavg()[0], []
     with tempfile.TemporaryDirectory() as workdir:
         for device in devices(opts):
-            rows += bench(
-                argparse.Namespace(**vars(opts) | {"peak_tflops": opts.peak_tflops if device == "cuda" else None}),
-                device,
-                workdir,
-            )
+            on = argparse.Namespace(**vars(opts) | {"peak_tflops": opts.peak_tflops if device == "cuda" else None})
+            rows += bench(on, device, workdir)
     write(opts, rows, table(rows) + "\n\nTargets:\n\n" + targets(rows) + "\n", start, load)
 
 

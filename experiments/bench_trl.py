@@ -21,6 +21,7 @@ import time
 import bench
 from bench import ROOT, peak_gib, run_script, run_worker
 
+PLAIN, PRECOMPUTE = {"gradient_checkpointing": False}, {"precompute_ref_log_probs": True}  # TRL's DPOConfig options
 # (name, our script's flags or TRL's DPOConfig options); each repeat runs them all, in order, one fresh process each
 SIDE_BY_SIDE = [
     ("ours: offline, 2 models", ["--offline", "--ref_free", "off"]),
@@ -30,12 +31,9 @@ SIDE_BY_SIDE = [
     ("ours: humanline k=1, checkpointing", ["--offline", "--humanline", "--gradient_checkpointing"]),
     ("ours: humanline k=16", ["--offline", "--humanline", "--sync_every", "16"]),
     ("TRL: DPO defaults", {}),
-    ("TRL: DPO, no checkpointing", {"gradient_checkpointing": False}),
-    ("TRL: DPO, precompute_ref_log_probs", {"precompute_ref_log_probs": True}),
-    (
-        "TRL: DPO, precompute_ref_log_probs, no checkpointing",
-        {"precompute_ref_log_probs": True, "gradient_checkpointing": False},
-    ),
+    ("TRL: DPO, no checkpointing", PLAIN),
+    ("TRL: DPO, precompute_ref_log_probs", PRECOMPUTE),
+    ("TRL: DPO, precompute_ref_log_probs, no checkpointing", PRECOMPUTE | PLAIN),
 ]
 # our scripts' defaults, the same for every algorithm
 OPTIMISER = dict(learning_rate=5e-6, warmup_steps=0.1, lr_scheduler_type="linear", weight_decay=0.01, adam_epsilon=1e-5)
@@ -56,12 +54,9 @@ GRPO_TRAINING_ALONE = [  # ours: the on-policy runs above without their sampling
     ("TRL: GRPO defaults, our completions", {"our_completions": True}),
     ("TRL: GRPO, no checkpointing, our completions", {"our_completions": True, "gradient_checkpointing": False}),
 ]
-TRL_GRPO_SETTINGS = dict(  # each one set to our scripts' online GRPO default; the rest are TRL's own
-    **OPTIMISER,
-    num_generations=8,
-    max_completion_length=40,
-    temperature=0.7,
-    top_p=0.95,
+# each one set to our scripts' online GRPO default; the rest are TRL's own
+TRL_GRPO_SETTINGS = dict(**OPTIMISER, num_generations=8, max_completion_length=40, temperature=0.7, top_p=0.95)
+TRL_GRPO_SETTINGS |= dict(
     top_k=0,
     epsilon=0.15,
     beta=0.0,  # ours: 0.01 against the sampler, which on-policy is the policy itself: the KL term is 0 either way
@@ -140,9 +135,8 @@ def trl_worker(opts):
             timing["ahead"] = [time.perf_counter() - t0, time.process_time() - cpu0]
             return out
 
-    model = plumbing.pretrained(
-        plumbing.transformers.AutoModelForCausalLM, plumbing.model_name(args), args, dtype=torch.float32
-    )
+    auto = plumbing.transformers.AutoModelForCausalLM
+    model = plumbing.pretrained(auto, plumbing.model_name(args), args, dtype=torch.float32)
     trainer = InOrder(model=model, args=config, train_dataset=dataset, processing_class=tok, callbacks=[Timer()])
     theirs = [(r["prompt_ids"], r["chosen_ids"], r["rejected_ids"]) for r in trainer.train_dataset]
     trainer.train()
@@ -188,20 +182,15 @@ def trl_grpo_worker(opts):
         fed.extend(mine)
         return {"prompt_ids": theirs, "completion_ids": [c for g in mine for c in g["completions"]], "logprobs": None}
 
-    def reward(
-        prompts, completions, **kw
-    ):  # TRL's reward functions mark a cut completion by its ids: ours by `finished`
+    def reward(prompts, completions, **kw):  # TRL gives the completions' ids, ours give `finished`: both mark a cut
         return bench.smollm2.reward(prompts, completions, **kw) if real else toy_task.verify(prompts, completions)
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"  # rollout_func is marked experimental
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    rollout = our_completions if ours else None
-    trainer = GRPOTrainer(
-        model, reward, config, dataset, processing_class=tok, callbacks=[Timer()], rollout_func=rollout
-    )
-    same.append(
-        trainer._tokenize_prompts(list(dataset["prompt"]))[0] == [g["prompt_ids"] for g in groups[: len(dataset)]]
-    )
+    hooks = dict(processing_class=tok, callbacks=[Timer()], rollout_func=our_completions if ours else None)
+    trainer = GRPOTrainer(model, reward, config, dataset, **hooks)
+    theirs = trainer._tokenize_prompts(list(dataset["prompt"]))[0]
+    same.append(theirs == [g["prompt_ids"] for g in groups[: len(dataset)]])
     trainer.train()
     return timing | {"peak_gib": peak_gib(device), "same_tokens": all(same) and len(fed) == len(dataset) * ours}
 
@@ -234,17 +223,10 @@ def side_by_side(opts, device, workdir):
         "ours": run_worker(bench.__file__, "baseline", "dpo", path, 1, 1, device, memory=cpu)["peak_gib"],
         "TRL": run_worker(__file__, "trl", "dpo", path, batch, 0, device, memory=cpu)["peak_gib"],
     }
-    rows = compare(
-        runs, memory, "TRL: DPO defaults", "TRL: DPO, no checkpointing", "TRL: DPO, precompute_ref_log_probs"
-    )
+    trl = ("TRL: DPO defaults", "TRL: DPO, no checkpointing", "TRL: DPO, precompute_ref_log_probs")
+    rows = compare(runs, memory, *trl)
     for row in rows:
-        row |= {
-            "device": device,
-            "model": model,
-            "batch_size": batch,
-            "steps": opts.steps,
-            "basis": "cpu" if cpu else "wall",
-        }
+        row |= dict(device=device, model=model, batch_size=batch, steps=opts.steps, basis="cpu" if cpu else "wall")
         row |= {"libraries_gib": libraries[row["config"].split(":")[0]]}
     return rows
 
@@ -270,9 +252,8 @@ def grpo_side_by_side(opts, device, workdir):
             print(f"[{device} {model}] {name} (repeat {rep + 1}/{opts.repeats})", file=sys.stderr, flush=True)
             if isinstance(flags, dict):  # TRL: the prompts (and completions) of our first on-policy run
                 samples = os.path.join(workdir, "samples-0.jsonl")
-                r = run_worker(
-                    __file__, "trl_grpo", "grpo", path, batch, opts.steps, device, trl_options=flags, samples=samples
-                )
+                trl = dict(trl_options=flags, samples=samples)
+                r = run_worker(__file__, "trl_grpo", "grpo", path, batch, opts.steps, device, **trl)
                 if not r["same_tokens"]:
                     raise SystemExit(f"{name}: TRL's prompts or their tokens differ from our run's")
                 step = statistics.mean(r["steps"])
@@ -282,9 +263,8 @@ def grpo_side_by_side(opts, device, workdir):
                 r = run_script("grpo", path, flags, batch, opts.steps, device, workdir, record=samples)
                 recorded |= {name: r} if on_policy else {}
                 every = int(flags[flags.index("--sample_every") + 1]) if "--sample_every" in flags else 1
-                step = statistics.mean(r["steps"]) + (
-                    r["round_total_s"] / (every * r["rounds"]) if r["rounds"] else 0.0
-                )
+                sampling = r["round_total_s"] / (every * r["rounds"]) if r["rounds"] else 0.0  # a round's share
+                step = statistics.mean(r["steps"]) + sampling
             runs[name].append(step)
             memory[name].append(r["peak_gib"])
         with open(os.path.join(workdir, "samples-0.jsonl")) as a, open(os.path.join(workdir, "samples-1.jsonl")) as b:
@@ -336,23 +316,23 @@ def compare(runs, memory, defaults, plain, equal):
 def side_by_side_table(rows):
     """One line per configuration: its step, the ratios of compare(), its peak memory and its ratio; DPO's rows also
     each side's libraries alone."""
-    libraries = "libraries_gib" in rows[0]
-    head = (
-        "| configuration | step (s), median of repeats | / TRL defaults: median [min, max] | / TRL no checkpointing: "
-    )
-    head += "median [min, max] | / TRL's fastest within our memory: median [min, max] | peak memory (GiB) | / TRL at "
-    head += "equal checkpointing |" + " python + libraries alone (GiB) |" * libraries
-    lines = [head, "|---" * (7 + libraries) + "|"]
+    libraries, spread = "libraries_gib" in rows[0], "median [min, max]"
+    columns = f"configuration | step (s), median of repeats | / TRL defaults: {spread}"
+    columns += f" | / TRL no checkpointing: {spread} | / TRL's fastest within our memory: {spread}"
+    columns += " | peak memory (GiB) | / TRL at equal checkpointing"
+    lines = [f"| {columns} |" + " python + libraries alone (GiB) |" * libraries, "|---" * (7 + libraries) + "|"]
+
+    def cell(x):
+        return f"{x['median']:.3f} [{x['min']:.3f}, {x['max']:.3f}]" if x else "-"
+
     for r in rows:
-        cell = lambda x: f"{x['median']:.3f} [{x['min']:.3f}, {x['max']:.3f}]" if x else "-"  # noqa: E731
         fastest, baseline = r["fastest TRL within memory"], r["memory baseline"]
         fastest, baseline = fastest.split(": ", 1)[1] if fastest else "none fits", baseline.split(": ", 1)[1]
+        alone = f" {r.get('libraries_gib', 0):.3f} |" * libraries
         lines.append(
             f"| {r['config']} | {statistics.median(r['step_s']):.3f} | {cell(r['vs TRL defaults'])} | "
             f"{cell(r['vs TRL no checkpointing'])} | {cell(r['vs fastest TRL within memory'])} ({fastest}) | "
-            f"{r['peak_gib']:.3f} | {r['memory vs baseline']:.3f} ({baseline}) |"
-            + f" {r.get('libraries_gib', 0):.3f} |"
-            * libraries
+            f"{r['peak_gib']:.3f} | {r['memory vs baseline']:.3f} ({baseline}) |{alone}"
         )
     return "\n".join(lines)
 
@@ -392,13 +372,12 @@ def main():
             rows += (grpo_side_by_side if grpo else side_by_side)(opts, device, workdir)
     text = side_by_side_table(rows)
     if grpo:
-        same, end_to_end = rows[0]["same_completions_with_checkpointing"], [r for r in rows if not r["training_alone"]]
+        same, alone = rows[0]["same_completions_with_checkpointing"], [r for r in rows if r["training_alone"]]
+        end_to_end = [r for r in rows if not r["training_alone"]]
         text = "\nEnd to end (sampling, scoring, training) per step:\n\n" + side_by_side_table(end_to_end)
-        text += (
-            "\n\nThe training step alone, on the completions our on-policy run sampled (TRL: through a rollout_func;"
-        )
-        text += f" our on-policy run with checkpointing sampled the same completions in {sum(same)} of {len(same)}"
-        text += " repeats):\n\n" + side_by_side_table([r for r in rows if r["training_alone"]])
+        text += "\n\nThe training step alone, on the completions our on-policy run sampled (TRL: through a"
+        text += " rollout_func; our on-policy run with checkpointing sampled the same completions in"
+        text += f" {sum(same)} of {len(same)} repeats):\n\n" + side_by_side_table(alone)
     bench.write(opts, rows, text + "\n\nTargets:\n\n" + side_by_side_targets(rows) + "\n", start, load)
 
 

@@ -28,9 +28,6 @@ PANELS = [
 ]
 
 
-# -----------------------------------------------------------------------------------------------------------
-
-
 def mean_curve(series):
     """Mean and standard error over seeds of per-step (step, value) series; seeds of unequal length are left out."""
     steps = [s for s, _ in series[0]]
@@ -77,13 +74,8 @@ def sweep_plot(plt, rows, start, group):
         for cell in (f"{algo} offline", f"{algo} offline+humanline", f"{algo} online", f"{algo} online+humanline"):
             members = [r for r in rows if r["config"].rsplit(" lr ", 1)[0] == cell]
             x = [rate_of(r["flags"]) for r in members]
-            panels = list(
-                zip(
-                    row_axes,
-                    ("reward", spread[0], "clamped_frac"),
-                    ("validation reward", spread[1], "clamped fraction"),
-                )
-            )
+            keys, labels = ("reward", spread[0], "clamped_frac"), ("validation reward", spread[1], "clamped fraction")
+            panels = list(zip(row_axes, keys, labels))
             for ax, key, label in (panels if "offline" in cell else panels[:1]) if members else []:
                 errors = [0 if math.isnan(r[key][1]) else r[key][1] for r in members]
                 style = dict(marker="o", capsize=3, label=cell, ls="-" if "offline" in cell else ":")
@@ -111,9 +103,8 @@ def curves_plot(plt, rows, start, group):
     fig, axes = plt.subplots(len(groups), 1 + len(PANELS), figsize=(width, height), squeeze=False, sharex=True)
     for row_axes, (group, members) in zip(axes, groups.items()):
         # each panel shows the first of its metrics that this group logs (DPO/KTO a margin, GRPO a |log-ratio|)
-        keys = [
-            next((k for k in options if any(t[k] for r in members for t in r["train"])), None) for _, options in PANELS
-        ]
+        logged = {k for r in members for t in r["train"] for k in t if t[k]}
+        keys = [next((k for k in options if k in logged), None) for _, options in PANELS]
         for r in members:
             steps, mean, se = mean_curve([[(s, v) for s, v, _ in c] for c in r["curves"]])
             label = f"{r['config'].split(': ')[-1]} (n={r['seeds']})"

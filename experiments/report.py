@@ -20,8 +20,6 @@ EQUIVALENCE_MARGIN = 0.01  # the toy's reward: two variants "match" when TOST pu
 
 
 # ---- statistics ------------------------------------------------------------------------------------------------------
-
-
 def mean_se(values):
     """Mean and standard error over seeds, leaving out seeds without the value (NaN); NaN where no seed has it, and a
     NaN error for one seed."""
@@ -80,12 +78,9 @@ def significance(rows, pairs, margin=EQUIVALENCE_MARGIN):
 
 
 # ---- summaries -------------------------------------------------------------------------------------------------------
-
-
 def clamps(flags):
-    return "--humanline" in flags or any(
-        flags[i : i + 2] in (["--clip", "clamp"], ["--clip", "sampling"]) for i in range(len(flags))
-    )
+    clip = flags[flags.index("--clip") + 1] if "--clip" in flags else "none"
+    return "--humanline" in flags or clip in ("clamp", "sampling")
 
 
 def regime(flags, clamped_frac):
@@ -186,23 +181,17 @@ def fmt(pair, digits=3):
 
 
 # ---- tables ----------------------------------------------------------------------------------------------------------
-
-
 def provenance_line(rows):
     runs = [a.get("provenance", {}) for r in rows for a in r["args"]]
     commits = sorted({str(p.get("commit"))[:10] for p in runs})
     dirty = sum(bool(p.get("dirty")) for p in runs)
     versions = {k: sorted({str(p.get(k)) for p in runs}) for k in ("code", "torch", "transformers")}
-    return (
-        f"{len(runs)} runs of code {', '.join(versions['code'])} (commit {', '.join(commits)}"
-        + (f"; {dirty} with uncommitted changes to it" if dirty else "")
-        + f"), torch {', '.join(versions['torch'])}, "
-        f"transformers {', '.join(versions['transformers'])}."
-        + "".join(  # a table of mixed code (--mix_code): which rows ran which
-            f" Code {v}: {'; '.join(r['config'] for r in rows if v in code_versions([r]))}."  # names hold commas
-            for v in (versions["code"] if len(versions["code"]) > 1 else [])
-        )
-    )
+    line = f"{len(runs)} runs of code {', '.join(versions['code'])} (commit {', '.join(commits)}"
+    line += f"; {dirty} with uncommitted changes to it" if dirty else ""
+    line += f"), torch {', '.join(versions['torch'])}, transformers {', '.join(versions['transformers'])}."
+    for v in versions["code"] if len(versions["code"]) > 1 else []:  # a table of mixed code (--mix_code)
+        line += f" Code {v}: {'; '.join(r['config'] for r in rows if v in code_versions([r]))}."  # names hold commas
+    return line
 
 
 def long_table(rows, held_out="the toy test problems"):
@@ -230,11 +219,11 @@ def long_table(rows, held_out="the toy test problems"):
         "reference), both averaged over training; mean token log-probs of chosen and rejected (GRPO: of the trained "
         "completions) at the last step.",
         "",
-        *header(
-            "configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen "
-            "| logp rejected"
-        ),
     ]
+    lines += header(
+        "configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen"
+        " | logp rejected"
+    )
     for r in rows:
         lines.append(
             f"| {r['config']} | {fmt(r['wall'], 0)} | {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} "
@@ -293,17 +282,14 @@ def setup_table(rows):
     lines = header(columns + " | temperature")
     for cell, args in runs.items():
         v = lambda key: value(args, key)  # noqa: E731
-        online = v("online") == "true"
-        samples = (
-            f"{v('num_generations')} per prompt, every step"
-            if cell.startswith("grpo")
-            else f"rounds of {v('round_size')} prompts x {v('num_samples')}, best vs worst"
-        )
+        online, grpo = v("online") == "true", cell.startswith("grpo")
+        samples = f"rounds of {v('round_size')} prompts x {v('num_samples')}, best vs worst"
+        samples = f"{v('num_generations')} per prompt, every step" if grpo else samples
         lines.append(
             f"| {cell} | {v('batch_size')} | {v('beta')} | {v('max_grad_norm')} "
             f"| {v('sync') + (', every ' + v('sync_every') + ' step(s)' if v('sync') != 'none' else '')} "
             f"| {v('clip') + (' [' + v('log_eps_P') + ', ' + v('log_eps_R') + ']' if v('clip') != 'none' else '')} "
-            f"| {v('eps') if cell.startswith('grpo') else '–'} | {samples if online else '–'} "
+            f"| {v('eps') if grpo else '–'} | {samples if online else '–'} "
             f"| {v('temperature') if online else '–'} |"
         )
     every = [a for args in runs.values() for a in args]
@@ -314,6 +300,15 @@ def setup_table(rows):
         f"{value(every, 'ref_free')}, at most {value(every, 'max_new_tokens')} new tokens per sample.",
     ]
     return lines
+
+
+def sweep_cell(c, bold):
+    """A sweep's cell: the mean validation reward, in bold at the chosen rate, (n=) while seeds are missing."""
+    if not c:
+        return ""
+    if bold:
+        return f"**{fmt(c['reward'])}**"
+    return fmt(c["reward"]) + ("" if c["seeds"] == len(SWEEP_SEEDS) else f" (n={c['seeds']})")
 
 
 def sweep_tables(rows, start):
@@ -329,23 +324,11 @@ def sweep_tables(rows, start):
     for cell, _, _ in CELLS:
         cells = [by.get(f"{cell} lr {m * paper_lr(cell):g}") for m in MULTIPLES]
         done = all(c and c["seeds"] == len(SWEEP_SEEDS) for c in cells)
+        best = int(np.argmax([c["reward"][0] for c in cells])) if done else None
         if done:
-            best = int(np.argmax([c["reward"][0] for c in cells]))
             chosen[cell] = MULTIPLES[best] * paper_lr(cell)
-        lines.append(
-            f"| {cell} | {paper_lr(cell):g} | "
-            + " | ".join(
-                (
-                    "**" + fmt(c["reward"]) + "**"
-                    if done and i == best
-                    else fmt(c["reward"]) + ("" if c["seeds"] == len(SWEEP_SEEDS) else f" (n={c['seeds']})")
-                )
-                if c
-                else ""
-                for i, c in enumerate(cells)
-            )
-            + (f" | {chosen[cell]:g} |" if done else " | not yet |")
-        )
+        shown = " | ".join(sweep_cell(c, i == best) for i, c in enumerate(cells))
+        lines.append(f"| {cell} | {paper_lr(cell):g} | {shown} | " + (f"{chosen[cell]:g} |" if done else "not yet |"))
     lines += [
         "",
         f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
@@ -381,13 +364,10 @@ def sweep_tables(rows, start):
 
 def evidence(test):
     """The Holm-corrected p-value behind a verdict: Welch's for a difference, the TOST's for equivalence, else both."""
+    welch, tost = f"p {test['p_holm']:.2g}", f"TOST p {test['p_tost_holm']:.2g}"
     if test["verdict"] in ("higher", "lower"):
-        return f"p {test['p_holm']:.2g}"
-    return (
-        f"TOST p {test['p_tost_holm']:.2g}"
-        if test["verdict"].startswith("equivalent")
-        else f"p {test['p_holm']:.2g}, TOST p {test['p_tost_holm']:.2g}"
-    )
+        return welch
+    return tost if test["verdict"].startswith("equivalent") else f"{welch}, {tost}"
 
 
 def lora_tables(rows):
@@ -427,9 +407,8 @@ def lora_tables(rows):
 
 def instance_tables(rows, main_rows):
     """The main comparisons on each toy instance: instance 0 is the committed one (the main suite's runs)."""
-    rows = [
-        dict(r, config=f"instance 0: {r['config']}") for r in main_rows if not r["config"].endswith("online+humanline")
-    ] + rows
+    main_rows = [r for r in main_rows if not r["config"].endswith("online+humanline")]
+    rows = [dict(r, config=f"instance 0: {r['config']}") for r in main_rows] + rows
     by = {r["config"]: r for r in rows}
     names = sorted({r["config"].split(": ")[0] for r in rows})
     cells = list(dict.fromkeys(r["config"].split(": ")[1] for r in rows))
@@ -439,23 +418,21 @@ def instance_tables(rows, main_rows):
         "",
         *header(" | ".join(["variant", *names])),
     ]
-    lines += [
-        f"| {c} | " + " | ".join(fmt(by[f"{n}: {c}"]["reward"]) if f"{n}: {c}" in by else "" for n in names) + " |"
-        for c in cells
-    ]
-    # the starting policy: the runs' own evaluation at step 0, so that no instance needs building for the report
-    start = {
-        n: [v for r in rows if r["config"].startswith(n + ":") for c in r["curves"] for s, v, _ in c if s == 0]
-        for n in names
-    }
-    lines.append(
-        "| starting policy | " + " | ".join(f"{np.mean(start[n]):.3f}" if start[n] else "" for n in names) + " |"
-    )
-    verdicts = {}
+
+    def final(n, c):  # instance n's final reward of variant c
+        return fmt(by[f"{n}: {c}"]["reward"]) if f"{n}: {c}" in by else ""
+
+    def start(n):  # the starting policy: the runs' own evaluation at step 0 (no instance is built for the report)
+        at_0 = [
+            v for r in rows if r["config"].startswith(n + ":") for curve in r["curves"] for s, v, _ in curve if s == 0
+        ]
+        return f"{np.mean(at_0):.3f}" if at_0 else ""
+
+    lines += [f"| {c} | " + " | ".join(final(n, c) for n in names) + " |" for c in cells]
+    lines.append("| starting policy | " + " | ".join(start(n) for n in names) + " |")
+    verdicts, tested = {}, suites.instance_pairs([r["config"] for r in rows])
     for n in names:  # Holm over each instance's comparisons
-        for t in significance(
-            rows, [p for p in suites.instance_pairs([r["config"] for r in rows]) if p[0].startswith(n + ":")]
-        ):
+        for t in significance(rows, [p for p in tested if p[0].startswith(n + ":")]):
             verdicts[(n, t["comparison"].split(": ", 1)[1].replace(f" vs {n}: ", " vs "))] = t
     pairs = list(dict.fromkeys(k[1] for k in verdicts))
     lines += [
@@ -468,11 +445,8 @@ def instance_tables(rows, main_rows):
     for p in pairs:
         ts = [verdicts.get((n, p)) for n in names]
         same = all(ts) and len({t["verdict"] for t in ts}) == 1
-        lines.append(
-            f"| {p} | "
-            + " | ".join(f"{t['diff']:+.3f} ({t['verdict']}, {evidence(t)})" if t else "" for t in ts)
-            + f" | {'yes' if same else 'no' if all(ts) else 'incomplete'} |"
-        )
+        shown = " | ".join(f"{t['diff']:+.3f} ({t['verdict']}, {evidence(t)})" if t else "" for t in ts)
+        lines.append(f"| {p} | {shown} | {'yes' if same else 'no' if all(ts) else 'incomplete'} |")
     return lines, rows
 
 
@@ -484,17 +458,13 @@ def real_sweep_table(rows, ctx):
         "",
         "Validation success (cut share) at each learning rate, x the paper's rate for that variant, and the one",
     ]
-    lines += ["chosen:", "", "| variant | " + " | ".join(f"{m:g}x" for m in suites.REAL_MULTIPLES) + " | chosen |"]
-    lines += ["|---" * (len(suites.REAL_MULTIPLES) + 2) + "|"]
+    lines += ["chosen:", "", *header("variant | " + " | ".join(f"{m:g}x" for m in suites.REAL_MULTIPLES) + " | chosen")]
     for cell, _, _, _ in suites.REAL_CELLS:
         found = [by.get(f"{task} {cell} lr {m * paper_lr(cell):g}") for m in suites.REAL_MULTIPLES]
         best = int(np.argmax([c["reward"][0] for c in found])) if all(found) else None
         cells = [f"{c['reward'][0]:.3f} ({c['cut'][0]:.2f}) at {rate_of(c['flags']):g}" if c else "" for c in found]
-        lines.append(
-            f"| {cell} | "
-            + " | ".join(cells)
-            + (f" | {rate_of(found[best]['flags']):g} |" if best is not None else " | not yet |")
-        )
+        chosen = f"{rate_of(found[best]['flags']):g}" if best is not None else "not yet"
+        lines.append(f"| {cell} | " + " | ".join(cells) + f" | {chosen} |")
     return lines
 
 
@@ -505,8 +475,7 @@ def real_table(rows, ctx):
     lines = ["", f"Test success after training (the starting model: {start:.3f}), the share of answers cut off at the"]
     lines += ["token limit (each a failure), and what the reward leaves out, measured on every trained model's test"]
     lines += ["answers: their per-token perplexity under the frozen starting model and their share of repeated words:"]
-    lines += ["", "| configuration | seeds | success | success - start | cut off | perplexity | repeated words |"]
-    lines += ["|---" * 7 + "|"]
+    lines += ["", *header("configuration | seeds | success | success - start | cut off | perplexity | repeated words")]
     for r in rows:
         gain = mean_se([x - start for x in r["rewards"]])
         lines.append(
@@ -540,7 +509,7 @@ def answers(rows, ctx):
 def step_80_table(rows, ctx):
     """The ablations' data probe trains for 80 steps: every row (and the main suite's DPO rows) at step 80."""
     lines = ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", ""]
-    lines += ["| configuration | seeds | reward at step 80 |", "|---|---|---|"]
+    lines += header("configuration | seeds | reward at step 80")
     for r in [r for r in ctx.main_rows if r["config"].startswith("dpo")] + rows:
         at = [v for c in r["curves"] for s, v, _ in c if s == 80]
         if at:
@@ -595,10 +564,8 @@ def report(results, suite, configs, main_rows=(), mix_code=False, note=""):
             f"ones (remove them from {suite}.tar.gz) or pass --mix_code"
         )
     with open(os.path.join(results, f"{suite}.jsonl"), "w") as f:
-        for r in rows:
-            r = dict(
-                r, flags=[x.replace(results + os.sep, "<results>/") for x in r["flags"]]
-            )  # the same on every machine
+        for r in rows:  # the flags' paths the same on every machine
+            r = dict(r, flags=[x.replace(results + os.sep, "<results>/") for x in r["flags"]])
             f.write(json.dumps({k: v for k, v in r.items() if k not in ("curves", "train", "args", "answers")}) + "\n")
     lines = [f"# {suite}", "", provenance_line(rows), "", *([note, ""] if note else [])]
     early = [  # online runs whose whole pass of prompts gave no batch end early, evaluated

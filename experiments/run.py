@@ -55,11 +55,8 @@ def check_new_seed(results, suite, configs, seed, jobs):
         )
         print(lines[key][2:])
     with open(record, "w") as f:
-        f.write(
-            f"# {suite}: runs with a seed the table did not use (`--new_seed`)\n\n"
-            + "\n".join(sorted(lines.values()))
-            + "\n"
-        )
+        f.write(f"# {suite}: runs with a seed the table did not use (`--new_seed`)\n\n")
+        f.writelines(line + "\n" for line in sorted(lines.values()))
 
 
 def configurations(results, quick):
@@ -67,9 +64,8 @@ def configurations(results, quick):
     if not quick:
         chosen = report.choose_rates(results)
         return {name: entry.runs(results, chosen) for name, entry in suites.SUITES.items()}, chosen
-    chosen = {c: suites.paper_lr(c) for c, _, _ in suites.CELLS} | {
-        f"{c} lora": suites.paper_lr(c) for c, _, _ in suites.LORA_CELLS
-    }
+    chosen = {c: suites.paper_lr(c) for c, _, _ in suites.CELLS}
+    chosen |= {f"{c} lora": suites.paper_lr(c) for c, _, _ in suites.LORA_CELLS}
     chosen |= {f"{task} {c}": suites.paper_lr(c) for task in suites.smollm2.TASKS for c, *_ in suites.REAL_CELLS}
     seen, out = set(), {}
     for name in sorted(suites.SUITES, key=lambda n: n != "main"):  # main first: the sweep adds no new path

@@ -50,12 +50,9 @@ def load_runs(results, suite):
     for config in sorted(os.listdir(live)) if os.path.isdir(live) else []:
         for seed in sorted(os.listdir(os.path.join(live, config))):
             folder = os.path.join(live, config, seed)
-            if os.path.exists(os.path.join(folder, "cpu_seconds")):  # the runner writes it last: the run is complete
-                runs[f"{config}/{seed}"] = {
-                    n: open(os.path.join(folder, n)).read()
-                    for n in os.listdir(folder)
-                    if os.path.isfile(os.path.join(folder, n)) and n != "log.txt"
-                }
+            files = [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)) and n != "log.txt"]
+            if "cpu_seconds" in files:  # the runner writes it last: the run is complete
+                runs[f"{config}/{seed}"] = {n: open(os.path.join(folder, n)).read() for n in files}
     return runs
 
 
@@ -89,9 +86,8 @@ def records(run):
 def finished(run, max_steps):
     """At --max_steps, or earlier where a whole pass of online prompts gave no batch (the script says so), with an
     evaluation whose every reward scored: a run whose reward failed is not a trained model."""
-    evaluated = [
-        r for r in records(run or {}) if "eval/reward" in r and (r.get("step") == max_steps or r.get("ended_early"))
-    ]
+    at_end = [r for r in records(run or {}) if r.get("step") == max_steps or r.get("ended_early")]
+    evaluated = [r for r in at_end if "eval/reward" in r]
     return run is not None and "cpu_seconds" in run and any(r.get("eval/bad_rewards", 0) == 0 for r in evaluated)
 
 
@@ -155,13 +151,8 @@ def run_suite(results, suite, entry, configs, jobs, only=""):
     """Every unfinished run of a suite's configurations (those whose name contains `only`), `jobs` at a time."""
     entry.prepare(results, configs)
     runs = load_runs(results, suite)
-    todo = [
-        (c.name, c.script, c.flags, seed)
-        for c in configs
-        if only in c.name
-        for seed in c.seeds
-        if not finished(runs.get(run_key(c.name, seed)), max_steps_of(c.flags))
-    ]
+    todo = [(c.name, c.script, c.flags, seed) for c in configs if only in c.name for seed in c.seeds]
+    todo = [run for run in todo if not finished(runs.get(run_key(run[0], run[3])), max_steps_of(run[2]))]
     print(f"{suite}: {len(todo)} runs to do", flush=True)
     pool = ThreadPoolExecutor(jobs)
     try:  # as each run ends, not in order: a run that fails or is stopped ends the suite at once
@@ -199,20 +190,16 @@ def quick(configs, seen, real=False):
 def shape(script, flags):
     """What decides a run's code path: the script, its flags and their values, but not numbers or the files it reads."""
 
-    def kind(value):
+    def kind(value):  # a flag's value: None for a switch (the next is a flag), "number" for any number
+        if value.startswith("--"):
+            return None
         try:
             return float(value) is not None and "number"
         except ValueError:
             return value
 
-    pairs = zip(flags, flags[1:] + ["--"])
-    return script, tuple(
-        sorted(
-            (f, kind(v) if not v.startswith("--") else None)
-            for f, v in pairs
-            if f.startswith("--") and f not in DATA_FLAGS
-        )
-    )
+    named = [(f, kind(v)) for f, v in zip(flags, flags[1:] + ["--"]) if f.startswith("--") and f not in DATA_FLAGS]
+    return script, tuple(sorted(named))
 
 
 def strip(flags, name):

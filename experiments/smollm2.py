@@ -338,9 +338,8 @@ def make_pairs(task, model=MODEL_DIR, n_prompts=1024, samples=4, seed=0):
     pairs, step = [], 64
     for i in range(0, len(rows), step):  # a batch at a time, so that progress shows
         args.seed = seed + i  # each batch its own sampling stream
-        groups, _ = plumbing.sample_and_score(
-            policy, tokenizer, [("reward", 1.0, fn)], rows[i : i + step], samples, args, 0, rt
-        )
+        batch = rows[i : i + step]
+        groups, _ = plumbing.sample_and_score(policy, tokenizer, [("reward", 1.0, fn)], batch, samples, args, 0, rt)
         for g in groups:
             texts = [tokenizer.decode(c, skip_special_tokens=True).strip() for c in g.completions]
             good = [t for t, s in zip(texts, g.scores) if s == 1.0]
@@ -348,7 +347,7 @@ def make_pairs(task, model=MODEL_DIR, n_prompts=1024, samples=4, seed=0):
             if good and bad:
                 turn = lambda t: [{"role": "assistant", "content": t}]  # noqa: E731
                 pairs.append(dict(g.row, chosen=turn(good[0]), rejected=turn(bad[0])))
-        print(f"{task}: {i + len(rows[i : i + step])} prompts, {len(pairs)} pairs", flush=True)
+        print(f"{task}: {i + len(batch)} prompts, {len(pairs)} pairs", flush=True)
     with open(os.path.join(ROOT, data(task, "pairs")), "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in pairs)
 
@@ -407,11 +406,9 @@ def memory(out=os.path.join(ROOT, "experiments", "smollm2", "memory.md")):
                     subprocess.run([sys.executable, helper, "peak", shape, f"{tmp}/out.json"], env=env, check=True)
                     got = json.load(open(f"{tmp}/out.json"))
                 planned, measured = got["planned"] / 2**30, got["measured"] / 2**30
-                weights = f"LoRA r {lora}" if lora else "every weight"
-                lines.append(
-                    f"| {weights} | {precision} | {'yes' if checkpointing else 'no'} | {planned:.2f} | {measured:.2f} "
-                    f"| {measured / planned:.2f} |"
-                )
+                weights, ratio = f"LoRA r {lora}" if lora else "every weight", measured / planned
+                row = f"| {weights} | {precision} | {'yes' if checkpointing else 'no'} | {planned:.2f} | {measured:.2f}"
+                lines.append(row + f" | {ratio:.2f} |")
                 print(lines[-1], flush=True)
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -429,16 +426,9 @@ def main():
         with open(os.path.join(os.path.dirname(args.samples), "quality.json"), "w") as f:
             json.dump(found, f)
         return print(found)
-    if args.command == "model":
-        make_model()
-    elif args.command == "prompts":
-        make_prompts()
-    elif args.command == "pairs":
-        make_pairs(args.task)
-    elif args.command == "memory":
-        memory()
-    else:
-        baseline(args.task)
+    if args.command in ("pairs", "baseline"):  # of one task
+        return {"pairs": make_pairs, "baseline": baseline}[args.command](args.task)
+    {"model": make_model, "prompts": make_prompts, "memory": memory}[args.command]()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ never a suite's name. A sweep trains each variant at several rates on the valida
 mean there is the one the other suites train it at, on the test prompts. What each suite shows: docs/results.md.
 """
 
+import json
 import math
 import os
 import sys
@@ -100,10 +101,11 @@ def offpolicy(results, chosen):
     if "grpo online" not in chosen:  # one rate for the whole suite: online GRPO's
         return []
     off = ["--online", "--sample_every", "64"] + lr_flags(chosen["grpo online"]) + CURVE
+    K16 = ["--humanline", "--sync_every", "16"]
     runs = [
         ("grpo online (sample every step)", ["--online", "--sample_every", "1"] + off[3:], SEEDS),
         ("grpo off-policy (sample 64x every 64 steps)", off, SEEDS),
-        ("grpo off-policy+humanline k=16", off + ["--humanline", "--sync_every", "16"], SEEDS),
+        ("grpo off-policy+humanline k=16", off + K16, SEEDS),
         # which half of humanline does the work off-policy: the ratio's denominator is then the reference synced
         # every 16 steps instead of the sampler, which can be 64 steps old
         ("grpo off-policy+sync only k=16", off + ["--sync", "humanline", "--sync_every", "16"], FEW_SEEDS),
@@ -111,11 +113,7 @@ def offpolicy(results, chosen):
         # syncing changes two terms: the ratio's denominator and the KL baseline (both the reference). Without
         # the KL term (beta 0) only the denominator differs between these two rows
         ("grpo off-policy, beta 0", off + ["--beta", "0"], FEW_SEEDS),
-        (
-            "grpo off-policy+humanline k=16, beta 0",
-            off + ["--humanline", "--sync_every", "16", "--beta", "0"],
-            FEW_SEEDS,
-        ),
+        ("grpo off-policy+humanline k=16, beta 0", off + K16 + ["--beta", "0"], FEW_SEEDS),
         # ... with the PPO clip [1 - eps, 1 + eps] opened wide: does the clip around a stale sampler hold it back?
         ("grpo off-policy, beta 0, eps 100", off + ["--beta", "0", "--eps", "100"], FEW_SEEDS),
     ]
@@ -226,18 +224,13 @@ def quartile_file(results, q):
 
 # ---- the real model's suites -----------------------------------------------------------------------------------------
 def real_sweep(task):
-    def runs(results, chosen):
-        return [
-            Config(
-                f"{task} {cell} lr {m * paper_lr(cell):g}",
-                script,
-                flags + lr_flags(m * paper_lr(cell)),
-                REAL_SWEEP_SEEDS,
-            )
-            for cell, script, algo, mode in REAL_CELLS
-            for flags in [smollm2.flags(task, algo, mode, "valid", 128)]
-            for m in REAL_MULTIPLES
-        ]
+    def runs(results, chosen):  # each variant at each rate, on the validation prompts
+        out = []
+        for cell, script, algo, mode in REAL_CELLS:
+            flags = smollm2.flags(task, algo, mode, "valid", 128)
+            for lr in [m * paper_lr(cell) for m in REAL_MULTIPLES]:
+                out.append(Config(f"{task} {cell} lr {lr:g}", script, flags + lr_flags(lr), REAL_SWEEP_SEEDS))
+        return out
 
     return runs
 
@@ -276,8 +269,6 @@ class Suite:
 def toy_start(split):
     """The starting policy's greedy reward on the toy's test prompts (measured when the task was built) or validation
     prompts (measured here, the way the scripts evaluate: greedy, the same scorer)."""
-    import json
-
     toy = toy_task.load()
     if split == "test":
         with open(toy.stats) as f:
@@ -316,18 +307,12 @@ OFFPOLICY_PAIRS = [
 ]
 BOTH = "dpo sync+clamp (humanline)"
 ABLATION_PAIRS = [("dpo sync only", BOTH), ("dpo clamp only", BOTH), (BOTH, "dpo offline"), ("dpo sync+sampling", BOTH)]
-ABLATION_PAIRS += [
-    ("dpo trust-region sync+clamp", BOTH),
-    ("grpo offline, beta 0 (clip probe)", "grpo offline (clip probe)"),
-]
+ABLATION_PAIRS += [("dpo trust-region sync+clamp", BOTH)]
+ABLATION_PAIRS += [("grpo offline, beta 0 (clip probe)", "grpo offline (clip probe)")]
 ABLATION_PAIRS += [("grpo offline, beta 0, eps 100 (clip probe)", "grpo offline, beta 0 (clip probe)")]
-QUALITY_PAIRS = [
-    ("dpo offline+humanline, quartile 4 of the data", "dpo offline+humanline, quartile 1 of the data"),
-    (
-        "dpo offline+humanline, the weak source's data, 23 steps",
-        "dpo offline+humanline, the strong source's data, 23 steps",
-    ),
-]
+DATA = "dpo offline+humanline, {}"
+QUALITY_PAIRS = [(DATA.format("quartile 4 of the data"), DATA.format("quartile 1 of the data"))]
+QUALITY_PAIRS += [(DATA.format("the weak source's data, 23 steps"), DATA.format("the strong source's data, 23 steps"))]
 LORA_PAIRS = [(f"{a} offline+humanline lora", f"{a} {b} lora") for a in ("dpo", "grpo") for b in ("offline", "online")]
 LORA_PAIRS += [
     (f"{a} {m} lora", f"{a} {m}") for a in ("dpo", "grpo") for m in ("offline", "offline+humanline", "online")
@@ -403,8 +388,6 @@ for task in smollm2.TASKS:
 def quartile_note(results):
     """The data-quality proxy's quartiles of the toy's `strong` data (the mean token log-prob of a pair under the
     starting policy, lowest first), written for the quality suite to train on: their ranges."""
-    import json
-
     rows = [json.loads(line) for line in open(toy_task.load().offline["strong"])]
     rows.sort(key=lambda r: (r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2)
     os.makedirs(os.path.dirname(quartile_file(results, 1)), exist_ok=True)

@@ -95,14 +95,8 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     }
     for name, _, flags, seeds in configs:
         for seed in seeds:
-            fake_run(
-                results,
-                "main",
-                name,
-                seed,
-                [(0, 0.4), (120, finals[name][seed])],
-                wall=100.0 if "online" in name else 20.0,
-            )
+            wall = 100.0 if "online" in name else 20.0
+            fake_run(results, "main", name, seed, [(0, 0.4), (120, finals[name][seed])], wall=wall)
     rows = {r["config"]: r for r in report.summarize(runner.load_runs(results, "main"), configs)}
     off = rows["dpo offline"]
     assert off["seeds"] == 5 and off["reward"][0] == pytest.approx(0.5)
@@ -154,15 +148,8 @@ def test_time_ratios_use_medians_of_cpu_time(tmp_path):
     }
     for name, _, flags, seeds in configs:
         for seed in seeds:
-            fake_run(
-                results,
-                "main",
-                name,
-                seed,
-                [(120, 0.5 + 0.01 * seed)],
-                wall=walls[name][seed],
-                cpu=walls[name][seed] / 2,
-            )
+            wall = walls[name][seed]
+            fake_run(results, "main", name, seed, [(120, 0.5 + 0.01 * seed)], wall=wall, cpu=wall / 2)
     report.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
     assert "| dpo online / dpo offline+humanline | 3.00 | 3.00 |" in table  # median 60 / median 20

@@ -175,6 +175,11 @@ def train(script, extra, out):
         return [json.loads(line) for line in f]
 
 
+def small_rounds(new_tokens):  # online DPO and KTO: rounds of 8 prompts x 4 samples scored by length, all pairs kept
+    flags = ["--online", "--round_size", "8", "--num_samples", "4", "--max_new_tokens", str(new_tokens)]
+    return flags + ["--reward_threshold", "0", "--reward_model", "tests.support.faulty_rewards:length"]
+
+
 CASES = (
     [("dpo", s, PREFERENCE_SHAPES[s], []) for s in PREFERENCE_SHAPES]
     + [("kto", s, rows, []) for s, rows in UNPAIRED_SHAPES.items()]
@@ -208,24 +213,7 @@ CASES = (
         for s, rows in PROMPT_SHAPES.items()
     ]
     + [
-        (
-            a,
-            "prompt-only-conversational",
-            PROMPT_SHAPES["prompt-only-conversational"],
-            [
-                "--online",
-                "--round_size",
-                "8",
-                "--num_samples",
-                "4",
-                "--max_new_tokens",
-                "6",
-                "--reward_threshold",
-                "0",
-                "--reward_model",
-                "tests.support.faulty_rewards:length",
-            ],
-        )
+        (a, "prompt-only-conversational", PROMPT_SHAPES["prompt-only-conversational"], small_rounds(6))
         for a in ("dpo", "kto")
     ]
 )
@@ -338,25 +326,7 @@ def test_online_dpo_counts_cut_completions_and_adds_no_end_token(llama, tmp_path
     data = write(tmp_path / "prompts.jsonl", PROMPT_SHAPES["prompt-only-conversational"])
     records = train(
         "dpo_humanline.py",
-        [
-            "--model_name_or_path",
-            llama,
-            "--dataset",
-            data,
-            "--eval_prompts",
-            "none",
-            "--online",
-            "--round_size",
-            "8",
-            "--num_samples",
-            "4",
-            "--max_new_tokens",
-            "3",
-            "--reward_threshold",
-            "0",
-            "--reward_model",
-            "tests.support.faulty_rewards:length",
-        ],
+        ["--model_name_or_path", llama, "--dataset", data, "--eval_prompts", "none", *small_rounds(3)],
         tmp_path / "run",
     )
     round_record = next(r for r in records if "online/round" in r and "online/pairs" in r)

@@ -899,6 +899,10 @@ PAIRS_ONLINE = {  # online training from (best, worst) pairs of each round's sam
 }
 
 
+def faulty_reward(script, name):  # the flags that make tests/support/faulty_rewards.py's `name` the run's reward
+    return ["--reward_funcs" if script.startswith("grpo") else "--reward_model", f"tests.support.faulty_rewards:{name}"]
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_round_that_keeps_too_few_pairs_is_followed_by_the_next_one(script, tmp_path, toy):
     """A policy that passes (or fails) most prompts keeps few pairs: such a round no longer stops the run (a real
@@ -906,15 +910,8 @@ def test_a_round_that_keeps_too_few_pairs_is_followed_by_the_next_one(script, tm
     import tests.support.faulty_rewards as faulty
 
     faulty.ties_at_first.calls = 0
-    scorer = [
-        "--reward_funcs" if script.startswith("grpo") else "--reward_model",
-        "tests.support.faulty_rewards:ties_at_first",
-    ]
-    run_here(
-        script,
-        [*PAIRS_ONLINE[script], "--max_steps", "2", "--save_every", "0", "--eval_prompts", "none", *scorer],
-        tmp_path,
-    )
+    flags = [*PAIRS_ONLINE[script], "--max_steps", "2", "--save_every", "0", "--eval_prompts", "none"]
+    run_here(script, flags + faulty_reward(script, "ties_at_first"), tmp_path)
     sampled = [r for r in records(str(tmp_path)) if "online/round" in r and "online/seconds" in r]
     assert sampled[0]["step"] == 0 and sampled[0].get("online/pairs", sampled[0].get("online/groups")) == 0
     assert sampled[1]["step"] == 0 and len(steps(str(tmp_path))) == 2
@@ -930,15 +927,8 @@ def test_a_short_rounds_pairs_join_the_next_rounds(script, tmp_path, toy):
 
     keep = [3, 6] if script.startswith("dpo") else [1, 3]  # pairs: 3 and 6 of 8; 2 and 6 of 8 examples (sequences)
     faulty.few_pairs_at_first.calls, faulty.few_pairs_at_first.keep = 0, keep
-    scorer = [
-        "--reward_funcs" if script.startswith("grpo") else "--reward_model",
-        "tests.support.faulty_rewards:few_pairs_at_first",
-    ]
-    run_here(
-        script,
-        [*PAIRS_ONLINE[script], "--max_steps", "1", "--save_every", "0", "--eval_prompts", "none", *scorer],
-        tmp_path,
-    )
+    flags = [*PAIRS_ONLINE[script], "--max_steps", "1", "--save_every", "0", "--eval_prompts", "none"]
+    run_here(script, flags + faulty_reward(script, "few_pairs_at_first"), tmp_path)
     sampled = [r for r in records(str(tmp_path)) if "online/round" in r and "online/seconds" in r]
     assert [r.get("online/pairs", r.get("online/groups")) for r in sampled] == keep
     assert all(r["step"] == 0 for r in sampled) and len(steps(str(tmp_path))) == 1
@@ -949,8 +939,8 @@ def test_a_whole_pass_of_prompts_without_a_batch_of_pairs_ends_the_run_saved_in_
     prompts = tmp_path / "prompts.jsonl"
     with open(toy.prompts_train) as f:
         prompts.write_text("".join(f.readlines()[:64]))
-    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model", "tests.support.faulty_rewards:ties"]
-    flags = [*PAIRS_ONLINE[script], "--dataset", str(prompts), "--max_steps", "2", "--num_eval_prompts", "8", *scorer]
+    flags = [*PAIRS_ONLINE[script], "--dataset", str(prompts), "--max_steps", "2", "--num_eval_prompts", "8"]
+    flags += faulty_reward(script, "ties")
     proc = run(script, flags, tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (
@@ -978,10 +968,8 @@ def few_prompts(toy, tmp_path, n=64):  # a pass of 64 prompts: two rounds of 32
 def test_short_rounds_that_are_not_in_a_row_do_not_end_the_run(script, tmp_path, toy):
     """Rounds 1, 3, ... keep no pair, 2, 4, ... do: a pass is two rounds of 16 prompts, and every pass holds a short
     round, but never two in a row: the run trains to its last step."""
-    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model"]
-    scorer.append("tests.support.faulty_rewards:ties_every_other")
     flags = [*PAIRS_ONLINE[script], *few_prompts(toy, tmp_path, 32), "--round_size", "16", "--max_steps", "5"]
-    proc = run(script, [*flags, *scorer], tmp_path / "run")
+    proc = run(script, flags + faulty_reward(script, "ties_every_other"), tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     written = records(str(tmp_path / "run"))
     assert [r["online/round"] for r in written if "online/seconds" in r][:3] == [1, 2, 3]  # the third: short again
@@ -996,8 +984,8 @@ def test_a_pass_of_rounds_whose_rewards_failed_stops_the_run_naming_the_reward(s
     and saves nothing a runner would take for a trained model."""
     reward = "tests.support.faulty_rewards:fails_all_but_one"
     online = ONLINE[script] if script.startswith("grpo") else PAIRS_ONLINE[script]
-    scorer = ["--reward_funcs" if script.startswith("grpo") else "--reward_model", reward]
-    flags = [*online, *few_prompts(toy, tmp_path, 16 if script.startswith("grpo") else 64), "--max_steps", "2", *scorer]
+    flags = [*online, *few_prompts(toy, tmp_path, 16 if script.startswith("grpo") else 64), "--max_steps", "2"]
+    flags += faulty_reward(script, "fails_all_but_one")
     proc = run(script, flags, tmp_path / "run")
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and last.startswith("stopping: ") and "a whole pass over the prompts" in last, last
