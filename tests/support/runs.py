@@ -17,18 +17,14 @@ import warm
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # a script run by a test: one thread (two run at a time on 2 cores), no process group of the test's own
 DIST = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-ENV = {k: v for k, v in os.environ.items() if k not in DIST} | {
-    "OMP_NUM_THREADS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+ENV = {k: v for k, v in os.environ.items() if k not in DIST}
+ENV |= {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def command(script, flags, out, nproc=1):
     """`python script flags --output_dir out`, or torchrun's on `nproc` processes of this machine."""
-    launch = [sys.executable] + ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] * (
-        nproc > 1
-    )
-    return [*launch, script, *flags, "--output_dir", str(out)]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1 else []
+    return [sys.executable, *torchrun, script, *flags, "--output_dir", str(out)]
 
 
 def short(steps, eval_prompts=8, batch=8):
