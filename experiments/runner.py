@@ -15,6 +15,7 @@ import contextlib
 import glob
 import gzip
 import io
+import itertools
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEPT = ("metrics.jsonl", "args.json", "eval_samples.jsonl", "quality.json")  # of a run's folder, once finished
+PROGRESS_EVERY = 60  # seconds between two writes of a running attempt's time
 
 
 def slug(name):
@@ -95,13 +97,21 @@ def max_steps_of(flags):
     return int(flags[flags.index("--max_steps") + 1]) if "--max_steps" in flags else 120
 
 
-def run_script(cmd, env, log_path):
+def run_script(cmd, env, log_path, progress=None):
     """Run one command, its output in log_path: its exit code and its own CPU seconds (user + system), which a busy
-    machine does not inflate as it does wall time."""
+    machine does not inflate as it does wall time. While it runs, `progress(CPU seconds so far)` every PROGRESS_EVERY
+    seconds, so that a runner stopped with its machine loses no attempt's time."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+        for tick in itertools.count(1):
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+            if progress and tick % PROGRESS_EVERY == 0:
+                with contextlib.suppress(OSError):  # no /proc (not Linux): the time is kept at the end only
+                    stat = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+                    progress((int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))  # utime + stime
+            time.sleep(1)
 
 
 def launch(results, suite, name, script, flags, seed, task=None):
@@ -120,14 +130,20 @@ def launch(results, suite, name, script, flags, seed, task=None):
         os.makedirs(out)
     before = json.load(open(spent)) if resume and os.path.exists(spent) else {"wall": 0.0, "cpu": 0.0}
     t0 = time.time()
-    code, cpu_seconds = run_script(cmd, env, os.path.join(out, "log.txt"))
-    seconds = {"wall": before["wall"] + time.time() - t0, "cpu": before["cpu"] + cpu_seconds}
+
+    def spend(cpu_seconds):  # this attempt's seconds so far added to the earlier ones', kept where a rerun reads them
+        seconds = {"wall": before["wall"] + time.time() - t0, "cpu": before["cpu"] + cpu_seconds}
+        with open(spent + ".tmp", "w") as f:
+            json.dump(seconds, f)
+        os.replace(spent + ".tmp", spent)
+        return seconds
+
+    code, cpu_seconds = run_script(cmd, env, os.path.join(out, "log.txt"), progress=spend if save_every else None)
+    seconds = spend(cpu_seconds)
     metrics = os.path.join(out, "metrics.jsonl")
     run = {"cpu_seconds": "", "metrics.jsonl": open(metrics).read() if os.path.exists(metrics) else ""}
     stopped = code == 0 and not finished(run, max_steps_of(flags))
     if code != 0 or stopped:  # failed, or stopped by a signal after saving: a rerun continues it
-        with open(spent, "w") as f:
-            json.dump(seconds, f)
         raise SystemExit(f"{' '.join(cmd)} {'stopped' if stopped else f'failed ({code})'}; see {out}/log.txt")
     if task:  # what the reward leaves out, measured on the run's last answers
         quality = [sys.executable, os.path.join(ROOT, "experiments", "smollm2.py"), "quality", "--task", task]

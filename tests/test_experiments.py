@@ -271,12 +271,16 @@ def test_an_unfinished_run_is_redone(tmp_path):
 def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_path, monkeypatch):
     """A real model's run (up to an hour) saves every 4 steps; stopped (a signal: exit 0 before its last step), the
     runner keeps the checkpoint, and the suite's rerun resumes it instead of starting over. Its wall and CPU seconds
-    add up over every attempt, however many times it was stopped; the quality of its answers is measured once it
+    add up over every attempt, however many times it was stopped, and where the runner itself ended mid-attempt (its
+    machine stopped), up to the attempt's last report of progress; the quality of its answers is measured once it
     finishes. A run whose last evaluation had rewards that failed is not finished."""
     results, flags, calls = str(tmp_path), ["--max_steps", "12"], []
     monkeypatch.setattr(runner.time, "time", lambda: 100.0 * len(calls))  # 100 s of wall time a call
 
-    def fake_script(cmd, env, log_path):  # stands in for the script: attempts stop at steps 4 and 8, then finish
+    class MachineStopped(BaseException):  # the runner itself ends with its machine: no line of it runs after
+        pass
+
+    def fake_script(cmd, env, log_path, progress=None):  # the script: attempts stop at steps 4 and 8, then finish
         calls.append(cmd)
         if "quality" in cmd:
             open(os.path.join(os.path.dirname(cmd[-1]), "quality.json"), "w").write("{}")
@@ -288,11 +292,14 @@ def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_pa
         with open(os.path.join(out, "metrics.jsonl"), "w") as f:
             f.writelines(json.dumps({"step": s, "eval/reward": 0.5, "eval/bad_rewards": 0}) + "\n" for s in (0, last))
         open(log_path, "a").close()
-        return 0, 10.0 * len(calls)  # 10, 20, 30 CPU seconds
+        if progress and len(calls) == 2:  # the second attempt: its last report of progress, then the machine stops
+            progress(20.0)
+            raise MachineStopped
+        return 0, 10.0 * len(calls)  # 10, then 30 CPU seconds
 
     monkeypatch.setattr(runner, "run_script", fake_script)
-    for attempt in (1, 2):
-        with pytest.raises(SystemExit, match="stopped"):
+    for attempt, ends in ((1, SystemExit), (2, MachineStopped)):
+        with pytest.raises(ends):
             runner.launch(results, "addition", "dpo offline", "dpo_humanline.py", flags, 0, task="addition")
         assert ("--resume" in calls[-1]) == (attempt == 2)
     out = os.path.join(results, "runs", "addition", runner.run_key("dpo offline", 0))
@@ -317,6 +324,15 @@ def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_pa
         with pytest.raises(SystemExit, match="stopped"):
             runner.launch(results, "main", "dpo offline", "dpo_humanline.py", flags, 1)
     assert [c[c.index("--save_every") + 1] for c in calls] == ["0", "0"] and not any("--resume" in c for c in calls)
+
+
+def test_a_running_attempt_reports_its_cpu_seconds_as_it_goes(tmp_path, monkeypatch):
+    """While a script runs, the runner hears its CPU seconds so far: what a rerun adds if the machine stops both."""
+    monkeypatch.setattr(runner, "PROGRESS_EVERY", 1)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 2: pass"
+    heard = []
+    code, cpu = runner.run_script([sys.executable, "-c", burn], dict(os.environ), str(tmp_path / "log"), heard.append)
+    assert code == 0 and len(heard) >= 2 and heard == sorted(heard) and 0.5 < heard[-1] <= cpu, (heard, cpu)
 
 
 def test_a_stopped_run_stops_the_suite_and_its_finished_runs_are_packed(tmp_path, monkeypatch):
@@ -375,7 +391,7 @@ def test_shapes_tell_code_paths_apart():
 def test_quick_exercises_every_configuration(tmp_path, monkeypatch):
     """`experiments/run.py --quick`: the runner's own main, its runs forked from warm servers (tests/warm.py)."""
 
-    def run_script(cmd, env, log_path):
+    def run_script(cmd, env, log_path, progress=None):
         assert cmd[0] == sys.executable
         reply = warm.SERVERS.launch(cmd[1:], 1, cwd=ROOT, env=env, stdout=log_path, stderr=log_path)
         return reply["returncode"], reply["cpu_seconds"]
