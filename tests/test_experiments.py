@@ -298,8 +298,8 @@ def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_pa
         return 0, 10.0 * len(calls)  # 10, then 30 CPU seconds
 
     monkeypatch.setattr(runner, "run_script", fake_script)
-    for attempt, ends in ((1, SystemExit), (2, MachineStopped)):
-        with pytest.raises(ends):
+    for attempt, ends, says in ((1, SystemExit, "stopped"), (2, MachineStopped, None)):
+        with pytest.raises(ends, match=says):
             runner.launch(results, "addition", "dpo offline", "dpo_humanline.py", flags, 0, task="addition")
         assert ("--resume" in calls[-1]) == (attempt == 2)
     out = os.path.join(results, "runs", "addition", runner.run_key("dpo offline", 0))
