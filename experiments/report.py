@@ -487,7 +487,10 @@ def real_table(rows, ctx):
 
 def answers(rows, ctx):
     """What every trained model writes: each run's answer to the first test prompt of each kind (constraint, or
-    phrasing), its reward and whether it finished; the success of the reward is read in these, not in a few."""
+    phrasing; read from the test split's row of the prompt), its reward and whether it finished; the success of the
+    reward is read in these, not in a few."""
+    test = open(os.path.join(runner.ROOT, suites.smollm2.data(ctx.entry.task, "test"))).read().splitlines()
+    split = {json.dumps(row["prompt"]): row for row in map(json.loads, test)}
     lines = [
         "",
         "Every run's answer to the first test prompt of each kind, its reward, and `cut` where it did not finish:",
@@ -496,7 +499,7 @@ def answers(rows, ctx):
         for seed, answered in zip(r["args"], r["answers"]):
             first = {}
             for a in answered:
-                first.setdefault(suites.smollm2.kind(ctx.entry.task, a), a)
+                first.setdefault(suites.smollm2.kind(ctx.entry.task, split[json.dumps(a["prompt"])]), a)
             lines += ["", f"**{r['config']}, seed {seed['seed']}**", ""]
             for a in first.values():
                 said = a["completion"].strip().replace("\n", " ").replace("|", "/")

@@ -53,7 +53,7 @@ def test_tost_decides_both_ways():
 
 def fake_run(results, suite, name, seed, rewards_by_step, wall=10.0, cpu=None, code="abc", clamped=0.0, **more):
     """A finished run's folder as the runner leaves it; `quality`: a real model's (its answers' quality.json, 10% cut);
-    `margin`, `lr`: its reward margin and learning rate."""
+    `margin`, `lr`: its reward margin and learning rate; `answers`: its last evaluation's (eval_samples.jsonl)."""
     margin, lr, quality = more.get("margin", 1.0), more.get("lr"), more.get("quality", False)
     out = os.path.join(results, "runs", suite, runner.run_key(name, seed))
     os.makedirs(out)
@@ -73,6 +73,9 @@ def fake_run(results, suite, name, seed, rewards_by_step, wall=10.0, cpu=None, c
     if quality:
         with open(os.path.join(out, "quality.json"), "w") as f:
             json.dump({"perplexity": 12.0, "repeated_words": 0.2}, f)
+    if "answers" in more:
+        with open(os.path.join(out, "eval_samples.jsonl"), "w") as f:
+            f.writelines(json.dumps(a) + "\n" for a in more["answers"])
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{wall}\n")
     with open(os.path.join(out, "cpu_seconds"), "w") as f:
@@ -618,3 +621,29 @@ def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_t
     assert (
         f"| dpo offline | 5 | 0.300 ± 0.003 | {gain} ± 0.003 | 0.100 ± 0.000 | 12.00 ± 0.00 | 0.200 ± 0.000 |" in table
     )
+
+
+@pytest.mark.parametrize("task", ["constraints", "addition"])
+def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path, task):
+    """The real model's answers, as the scripts write them (prompt, completion, reward, finished; no constraint
+    column): each run's first answer to a test prompt of each kind (constraint or phrasing, read from the test split),
+    its reward and `cut` where it did not finish."""
+    results, chosen = str(tmp_path), {f"{task} dpo offline": 5e-6}
+    rows = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data(task, "test")))]
+    firsts = {}
+    for row in rows:
+        firsts.setdefault(suites.smollm2.kind(task, row), row)
+    answers = [
+        dict(prompt=r["prompt"], completion=f"answer {i}", reward=i % 2, finished=i > 0) for i, r in enumerate(rows)
+    ]
+    configs = suites.SUITES[task].runs(results, chosen)
+    for seed in configs[0].seeds:
+        fake_run(results, task, "dpo offline", seed, [(32, 0.3)], quality=True, answers=answers)
+    report.report(results, task, configs)
+    table = open(os.path.join(results, f"{task}.md")).read()
+    shown = [line for line in table.splitlines() if line.startswith("- ")]
+    assert len(firsts) > 1 and len(shown) == len(firsts) * len(configs[0].seeds)
+    for row in firsts.values():
+        i = rows.index(row)
+        said = f"- {row['prompt'][-1]['content']} → 'answer {i}' ({i % 2}{', cut' * (i == 0)})"
+        assert table.count(said + "\n") == len(configs[0].seeds)
