@@ -473,3 +473,24 @@ def test_every_python_file_is_formatted_and_lint_clean_as_pyproject_toml_configu
     for command in (["format", "--check", "."], ["check", "."]):
         proc = subprocess.run([sys.executable, "-m", "ruff", *command], cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 0, f"ruff {' '.join(command)}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+
+
+def test_the_folders_documented_commands_write_into_the_checkout_change_no_check(tmp_path):
+    """The README's order: the quickstart writes runs/, `experiments/smollm2.py model` .cache/, the experiments
+    experiments/results/runs/, and then the tests run. Each folder .gitignore names is made in a copy of the tracked
+    files, holding what a run leaves there, and ruff still passes (a folder runs/ at the root once made ruff take
+    `import runs`, a test helper, for a first-party module)."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in [f for f in tracked.split("\0") if f.endswith(".py") or f in ("pyproject.toml", ".gitignore")]:
+        os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
+        with open(os.path.join(ROOT, name), "rb") as src, open(tmp_path / name, "wb") as dest:
+            dest.write(src.read())
+    ignored = open(os.path.join(ROOT, ".gitignore")).read().split()
+    folders = {line.strip("/").rstrip("*") for line in ignored if line.startswith("/") and line.endswith("/")}
+    assert {"runs", ".cache", "wandb", "experiments/results/runs"} <= folders
+    for folder in folders:
+        os.makedirs(tmp_path / folder / "grpo-offline-humanline-seed0")
+        (tmp_path / folder / "grpo-offline-humanline-seed0" / "metrics.jsonl").write_text("{}\n")
+    for command in (["format", "--check", "."], ["check", "."]):
+        proc = subprocess.run([sys.executable, "-m", "ruff", *command], cwd=tmp_path, capture_output=True, text=True)
+        assert proc.returncode == 0, f"ruff {' '.join(command)}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
