@@ -43,9 +43,10 @@ import torch.utils.checkpoint
 import transformers
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+import data_formats  # TRL's dataset formats: each row checked, tokenised
 import humanline_sampling
 import lora  # --lora_r: the reference without a second copy of the base (--ref_free off)
-import plumbing  # how a run is kept: checks, data formats, checkpoints, logging
+import plumbing  # how a run is kept: checks, scorers, generation, checkpoints, logging
 import ref_free  # the default reference (--ref_free on): no second model
 from plumbing import RunArgs, arg
 
@@ -138,7 +139,19 @@ def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
     return (((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-# the reference and the update
+def best_worst_pairs(groups, threshold):
+    """ALGO LOGIC: Algorithm 1's pairing: per prompt, the (best, worst) of its scored samples if
+    best - worst >= tau. groups: (prompt_ids, completions, scores, ...), a None score (a bad
+    reward) left out. Returns groups of two."""
+    pairs = []
+    for p, completions, scores, *_ in groups:
+        ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
+        if len(ranked) >= 2 and ranked[-1][0] - ranked[0][0] >= threshold and ranked[-1][1] != ranked[0][1]:
+            pairs.append((p, [ranked[-1][1], ranked[0][1]], [ranked[-1][0], ranked[0][0]]))
+    return pairs
+
+
+# the reference and the update (rt: the runtime setup() makes: processes, device, dtypes)
 class ReferenceModel:
     """The textbook reference (--ref_free off): a second copy of the policy, sharded exactly like
     it, so that a sync copies each process's shards in place (no communication). The default
@@ -165,6 +178,10 @@ class ReferenceModel:
     reset = sync  # at step 0 and at an online round's start (Algorithm 1)
 
 
+def sync_due(step, sync_every):  # the one schedule: steps k - 1, 2k - 1, ... (ref_free asks it too)
+    return (step + 1) % sync_every == 0
+
+
 def optimizer_step(policy, reference, optimizer, scheduler, max_grad_norm, sync, sync_every, step, skip=False):
     """Clip the gradients, then update. Every k-th step (from 0) `humanline` syncs the reference
     *before* the update (so it holds the pre-update weights), `trust_region` (the ablation) *after*.
@@ -172,7 +189,7 @@ def optimizer_step(policy, reference, optimizer, scheduler, max_grad_norm, sync,
     reference's schedule depends on the step alone."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    due = (step + 1) % sync_every == 0
+    due = sync_due(step, sync_every)
     if sync == "humanline" and due:
         reference.sync(policy, step)  # HUMANLINE: sync after clipping, before the update
     if not skip and torch.isfinite(grad_norm):
@@ -247,18 +264,6 @@ def head_logps(h, targets, weight, bias, dtype, scale=1.0, softcap=None, tempera
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
 
-def best_worst_pairs(groups, threshold):
-    """ALGO LOGIC: Algorithm 1's pairing: per prompt, the (best, worst) of its scored samples if
-    best - worst >= tau. groups: (prompt_ids, completions, scores, ...), a None score (a bad
-    reward) left out. Returns groups of two."""
-    pairs = []
-    for p, completions, scores, *_ in groups:
-        ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
-        if len(ranked) >= 2 and ranked[-1][0] - ranked[0][0] >= threshold and ranked[-1][1] != ranked[0][1]:
-            pairs.append((p, [ranked[-1][1], ranked[0][1]], [ranked[-1][0], ranked[0][0]]))
-    return pairs
-
-
 # distributed setup, models, optimizer
 def setup(args):
     """rt, the runtime: processes (torchrun sets RANK, WORLD_SIZE; else one), device, dtypes, seeds."""
@@ -321,13 +326,13 @@ def main():
 
     # data: every row is checked before any model loads, so that bad data stops a run in seconds
     if args.offline:
-        rows = plumbing.load_data(args, "preferences", tokenizer, rt, need=args.batch_size)
+        rows = data_formats.load_data(args, "preferences", tokenizer, rt, need=args.batch_size)
         train_pairs = [(p, c, r) for p, (c, r), _ in rows]
         plumbing.plan_run(args, len(train_pairs), args.batch_size, "pairs", rt.rank)
     else:  # at most one pair per prompt: a round whose prompts keep fewer gives fewer steps
-        train_prompts = plumbing.load_data(args, "prompts", tokenizer, rt, need=args.round_size)
+        train_prompts = data_formats.load_data(args, "prompts", tokenizer, rt, need=args.round_size)
         plumbing.plan_run(args, len(train_prompts), args.batch_size, "prompts", rt.rank)
-    eval_prompts = plumbing.load_data(args, "eval", tokenizer, rt)
+    eval_prompts = data_formats.load_data(args, "eval", tokenizer, rt)
     state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0)
 
     def step_batch(s):  # step s's pairs: offline a function of s; online a slice of the round
@@ -338,7 +343,7 @@ def main():
 
     def step_inputs(s):  # step s's micro-batches as the models read them (None until sampled)
         forwards = forward_batches(step_batch(s), args, rt.rank, rt.world) if step_batch(s) else None
-        return forwards and [collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forwards]
+        return forwards and [collate(sequences, tokenizer.pad_token_id, rt.device) for _, sequences in forwards]
 
     # models: the policy and its reference, the scorer; the optimizer and schedule
     policy = load_model(args, rt).train()
@@ -348,8 +353,8 @@ def main():
     elif args.ref_free == "off":  # a second model, sharded exactly like the policy
         reference = ReferenceModel(load_model(args, rt), rt)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
-        schedule = dict(sync=args.sync, sync_every=args.sync_every, max_steps=args.max_steps)
-        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule)
+        due = partial(sync_due, sync_every=args.sync_every) if args.sync != "none" else None
+        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, due, args.max_steps)
     scorer = plumbing.make_scorer(args.reward_model, args, rt) if args.online or eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
     eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)
@@ -370,19 +375,16 @@ def main():
         t0, cpu0 = time.time(), time.process_time()
         if args.online and step_batch(state.step) is None:
             # ALGO LOGIC: Algorithm 1's round: the policy samples; (best, worst) pairs; reference reset
-            order = plumbing.round_prompts(len(train_prompts), args.round_size, state.round_index, args.seed)
-            rows, scorers = [train_prompts[i] for i in order], [(args.reward_model, 1.0, scorer)]
-            groups, record = session.sample_round(scorers, rows, args.num_samples)
+            scorers = [(args.reward_model, 1.0, scorer)]
+            groups, record = session.sample_round(scorers, train_prompts, args.round_size, args.num_samples)
             pairs = best_worst_pairs(groups, args.reward_threshold)
             # a short round trained no step: its pairs, still on-policy, join this one's
             kept = state.round if state.step == state.round_start else []
             state.round_index, state.round_start = state.round_index + 1, state.step
-            shuffle = torch.Generator().manual_seed(plumbing.stream_seed(args.seed, "shuffle", state.round_index))
-            perm = torch.randperm(len(pairs), generator=shuffle).tolist()
-            state.round = kept + [(pairs[i][0], *pairs[i][1]) for i in perm]
+            state.round = kept + [(p, *cs) for p, cs, _ in plumbing.shuffled(pairs, args.seed, state.round_index)]
             reference.reset(policy, step=state.step)
             record = {"step": state.step, "online/round": state.round_index, "online/pairs": len(pairs)} | record
-            session.log(record | {"online/kept_frac": len(pairs) / len(rows), "online/seconds": time.time() - t0})
+            session.log(record | {"online/kept_frac": len(pairs) / len(groups), "online/seconds": time.time() - t0})
             # fewer pairs than a batch: another round; a whole pass of such rounds ends the run
             ready = len(state.round) >= args.batch_size
             if session.end_of_round(ready, groups, rounds_per_pass, eval_prompts and evaluate):

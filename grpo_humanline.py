@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from types import SimpleNamespace
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -50,10 +50,11 @@ import torch.utils.checkpoint
 import transformers
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+import data_formats  # TRL's dataset formats: each row checked, tokenised
 import humanline_sampling
 import lora  # --lora_r: the reference without a second copy of the base (--ref_free off)
 import math_rewards
-import plumbing  # how a run is kept: checks, data formats, checkpoints, logging
+import plumbing  # how a run is kept: checks, scorers, generation, checkpoints, logging
 import ref_free  # the default reference (--ref_free on): no second model
 from plumbing import RunArgs, arg
 
@@ -116,14 +117,13 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     max_new_tokens: int = arg(40, "Longest sampled completion (paper: 2048).")
     reward_threshold: float = arg(0.01, "--pairs_from_samples: keep a pair if best - worst >= tau.")
 
+    def on_policy(self):  # sampled every step and never synced: no reference is kept (memory_plan asks it too)
+        return self.online and self.sample_every == 1 and not self.pairs_from_samples and self.sync == "none"
+
 
 # ALGO LOGIC: the groups, advantages and the loss (eq. 1, appendix C.1)
 def group_size(args):  # a pair offline and with --pairs_from_samples, else G samples of a prompt
     return 2 if args.offline or args.pairs_from_samples else args.num_generations
-
-
-def on_policy(args):  # sampled every step and never synced: no reference is kept
-    return args.online and args.sample_every == 1 and not args.pairs_from_samples and args.sync == "none"
 
 
 def group_advantages(rewards, group_size, std="population"):
@@ -140,6 +140,23 @@ def group_advantages(rewards, group_size, std="population"):
     equal = (r == r[:, :1]).all(-1, keepdim=True)  # exact: a rounded mean may leave a tiny std
     scaled = centred / torch.where(equal, torch.ones_like(std), std)
     return torch.where(equal, torch.zeros_like(r), scaled).reshape(-1)
+
+
+class Sequence(NamedTuple):  # what a step trains on: a completion of a prompt, its advantage and reward
+    prompt_ids: list
+    completion_ids: list
+    advantage: float  # A_i, of its group
+    reward: float  # R_i
+
+
+def group_sequences(groups, std="population"):
+    """ALGO LOGIC: groups (prompt_ids, [completion_ids], rewards) -> Sequences, group after group."""
+    out = []
+    for p, completions, rewards in groups:
+        rewards_t = torch.tensor(rewards, dtype=torch.float64)
+        advantages = group_advantages(rewards_t, len(rewards), std).tolist()
+        out += [Sequence(p, c, a, r) for c, a, r in zip(completions, advantages, rewards)]
+    return out
 
 
 def grpo_loss(
@@ -191,7 +208,19 @@ def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
     return (((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-# the reference and the update
+def best_worst_pairs(groups, threshold):
+    """ALGO LOGIC: Algorithm 1's pairing: per prompt, the (best, worst) of its scored samples if
+    best - worst >= tau. groups: (prompt_ids, completions, scores, ...), a None score (a bad
+    reward) left out. Returns groups of two."""
+    pairs = []
+    for p, completions, scores, *_ in groups:
+        ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
+        if len(ranked) >= 2 and ranked[-1][0] - ranked[0][0] >= threshold and ranked[-1][1] != ranked[0][1]:
+            pairs.append((p, [ranked[-1][1], ranked[0][1]], [ranked[-1][0], ranked[0][0]]))
+    return pairs
+
+
+# the reference and the update (rt: the runtime setup() makes: processes, device, dtypes)
 class ReferenceModel:
     """The textbook reference (--ref_free off): a second copy of the policy, sharded exactly like
     it, so that a sync copies each process's shards in place (no communication). The default
@@ -218,6 +247,10 @@ class ReferenceModel:
     reset = sync  # at step 0 and at an online round's start (Algorithm 1)
 
 
+def sync_due(step, sync_every):  # the one schedule: steps k - 1, 2k - 1, ... (ref_free asks it too)
+    return (step + 1) % sync_every == 0
+
+
 def optimizer_step(policy, reference, optimizer, scheduler, max_grad_norm, sync, sync_every, step, skip=False):
     """Clip the gradients, then update. Every k-th step (from 0) `humanline` syncs the reference
     *before* the update (so it holds the pre-update weights), `trust_region` (the ablation) *after*.
@@ -225,7 +258,7 @@ def optimizer_step(policy, reference, optimizer, scheduler, max_grad_norm, sync,
     reference's schedule depends on the step alone."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    due = (step + 1) % sync_every == 0
+    due = sync_due(step, sync_every)
     if sync == "humanline" and due:
         reference.sync(policy, step)  # HUMANLINE: sync after clipping, before the update
     if not skip and torch.isfinite(grad_norm):
@@ -252,30 +285,9 @@ def micro_batches(batch, args, rank, world):
     return [mine[i : i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
 
 
-def group_sequences(groups, std="population"):
-    """ALGO LOGIC: groups (prompt_ids, [completion_ids], rewards) -> training sequences, group after
-    group: (prompt_ids, completion_ids, advantage, reward)."""
-    out = []
-    for p, completions, rewards in groups:
-        rewards_t = torch.tensor(rewards, dtype=torch.float64)
-        advantages = group_advantages(rewards_t, len(rewards), std).tolist()
-        out += [(p, c, a, r) for c, a, r in zip(completions, advantages, rewards)]
-    return out
-
-
-def scored_groups(groups):
-    """ALGO LOGIC: a round's Groups as training groups, failed rewards left out, where two remain."""
-    out = []
-    for g in groups:
-        ok = [j for j, r in enumerate(g.scores) if r is not None]
-        if len(ok) >= 2:
-            out.append((g.prompt_ids, [g.completions[j] for j in ok], [g.scores[j] for j in ok]))
-    return out
-
-
 def forward_batches(batch, args, rank, world):
-    """Per micro-batch, (its samples, their (prompt_ids, completion_ids))."""
-    return [(m, [s[:2] for s in m]) for m in micro_batches(batch, args, rank, world)]
+    """Per micro-batch, (its Sequences, their (prompt_ids, completion_ids))."""
+    return [(m, [(s.prompt_ids, s.completion_ids) for s in m]) for m in micro_batches(batch, args, rank, world)]
 
 
 def collate(sequences, pad_id, device):
@@ -317,18 +329,6 @@ def head_logps(h, targets, weight, bias, dtype, scale=1.0, softcap=None, tempera
         logits = softcap * torch.tanh(logits / softcap) if softcap else logits
         logits = logits / temperature
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
-
-
-def best_worst_pairs(groups, threshold):
-    """ALGO LOGIC: Algorithm 1's pairing: per prompt, the (best, worst) of its scored samples if
-    best - worst >= tau. groups: (prompt_ids, completions, scores, ...), a None score (a bad
-    reward) left out. Returns groups of two."""
-    pairs = []
-    for p, completions, scores, *_ in groups:
-        ranked = sorted(((s, c) for s, c in zip(scores, completions) if s is not None), key=lambda t: t[0])
-        if len(ranked) >= 2 and ranked[-1][0] - ranked[0][0] >= threshold and ranked[-1][1] != ranked[0][1]:
-            pairs.append((p, [ranked[-1][1], ranked[0][1]], [ranked[-1][0], ranked[0][0]]))
-    return pairs
 
 
 # distributed setup, models, optimizer
@@ -397,9 +397,9 @@ def main():
             (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
             (a.batch_size % group, f"--batch_size {a.batch_size}: a multiple of the group size {group}"),
             (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
-            (on_policy(a) and a.kl_baseline == "reference" and "beta" in given, idle_beta),
+            (a.on_policy() and a.kl_baseline == "reference" and "beta" in given, idle_beta),
             (a.kl_baseline == "initial" and a.beta == 0, "--kl_baseline initial acts only with --beta above 0"),
-            (on_policy(a) and "ref_free" in given, "--ref_free: on-policy GRPO has no reference"),
+            (a.on_policy() and "ref_free" in given, "--ref_free: on-policy GRPO has no reference"),
         ]
 
     args = plumbing.parse_args(Args, "grpo", checks)  # a bad flag stops with one line
@@ -414,13 +414,13 @@ def main():
 
     # data: every row is checked before any model loads: bad data stops a run in seconds
     if args.offline:  # ALGO LOGIC: Algorithm 2: a pair is a group of two, chosen ranked first
-        rows = plumbing.load_data(args, "preferences", tokenizer, rt, need=args.batch_size // 2)
+        rows = data_formats.load_data(args, "preferences", tokenizer, rt, need=args.batch_size // 2)
         train_groups = [(p, cs, [1.0, 0.0]) for p, cs, _ in rows]
         plumbing.plan_run(args, len(train_groups), args.batch_size // 2, "pairs", rt.rank)
     else:
-        train_prompts = plumbing.load_data(args, "prompts", tokenizer, rt, need=per_round)
+        train_prompts = data_formats.load_data(args, "prompts", tokenizer, rt, need=per_round)
         plumbing.plan_run(args, len(train_prompts), args.batch_size // group_size(args), "prompts", rt.rank)
-    eval_prompts = plumbing.load_data(args, "eval", tokenizer, rt)
+    eval_prompts = data_formats.load_data(args, "eval", tokenizer, rt)
     state = SimpleNamespace(step=0, round_index=0, round=[], round_start=0)
 
     def step_batch(s):  # step s's sequences: offline a function of s; online a slice of the round
@@ -432,13 +432,13 @@ def main():
 
     def step_inputs(s):  # step s's micro-batches as the models read them (None until sampled)
         forwards = forward_batches(step_batch(s), args, rt.rank, rt.world) if step_batch(s) else None
-        return forwards and [collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forwards]
+        return forwards and [collate(sequences, tokenizer.pad_token_id, rt.device) for _, sequences in forwards]
 
     # models: the policy, its reference, the KL baseline, the scorers; the optimizer and schedule
     policy = load_model(args, rt).train()
     T = args.logps_temperature  # the loss reads log-probs of logits / T (the authors' math: 0.7)
     reset_each_round = args.sync == "none" or args.pairs_from_samples  # else syncing spans rounds
-    if on_policy(args):  # the ratio's denominator is the policy's own log-probs: no reference
+    if args.on_policy():  # the ratio's denominator is the policy's own log-probs: no reference
         reference = None
     elif args.ref_free == "off" and args.lora_r:  # LoRA: the base, with no adapters or the last sync's
         never_synced = args.offline and args.sync == "none"
@@ -446,9 +446,9 @@ def main():
     elif args.ref_free == "off":  # a second model, sharded exactly like the policy
         reference = ReferenceModel(load_model(args, rt), rt, T)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
-        schedule = dict(sync=args.sync, sync_every=args.sync_every, max_steps=args.max_steps, temperature=T)
+        due = partial(sync_due, sync_every=args.sync_every) if args.sync != "none" else None
         wait = args.online and not reset_each_round  # a sync may serve steps sampled later
-        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, **schedule, wait=wait)
+        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, due, args.max_steps, wait, T)
     base = None  # --kl_baseline initial: the frozen starting policy (unless the reference is it)
     if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
         if args.lora_r:  # the base with the adapters disabled: no second copy of it
@@ -459,7 +459,7 @@ def main():
     reward_fns = [(name, float(weight), plumbing.make_scorer(name, args, rt)) for name, weight in funcs]
     scorer = plumbing.make_scorer(args.reward_model, args, rt) if eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
-    eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)
+    eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)  # humanline's bounds as ratios (not --eps)
     sampling_params = humanline_sampling.limit_parameters(eps_P, eps_R, c=args.sampling_c)
     sampling_gen = torch.Generator(rt.device).manual_seed(plumbing.stream_seed(args.seed, "rejection", rt.rank))
 
@@ -479,20 +479,16 @@ def main():
         if args.online and step_batch(state.step) is None:
             # ALGO LOGIC: the round is spent: sample the next (--sample_every steps' groups, or pairs);
             # the reference becomes the sampler (PPO's theta_old), unless syncing spans rounds
-            order = plumbing.round_prompts(len(train_prompts), per_round, state.round_index, args.seed)
-            rows = [train_prompts[i] for i in order]
-            groups, record = session.sample_round(reward_fns, rows, args.num_generations)
+            groups, record = session.sample_round(reward_fns, train_prompts, per_round, args.num_generations)
             # a short round trained no step: its sequences, still on-policy, join this one's
             kept = state.round if state.step == state.round_start else []
             state.round_index, state.round_start = state.round_index + 1, state.step
             if args.pairs_from_samples:  # a round's pairs in random order, as online DPO
                 pairs = best_worst_pairs(groups, args.reward_threshold)
-                seed = plumbing.stream_seed(args.seed, "shuffle", state.round_index)
-                order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed))
-                scored = [pairs[i] for i in order.tolist()]
-                record["online/kept_frac"] = len(pairs) / len(rows)
-            else:
-                scored = scored_groups(groups)
+                scored = plumbing.shuffled(pairs, args.seed, state.round_index)
+                record["online/kept_frac"] = len(pairs) / len(groups)
+            else:  # each prompt's samples a group (those whose reward failed left out)
+                scored = plumbing.scored_groups(groups)
             state.round = kept + group_sequences(scored, args.advantage_std)
             if reference is not None and reset_each_round:
                 reference.reset(policy, step=state.step)
@@ -523,7 +519,7 @@ def main():
                 ref_logps = reference.logps(state.step, micro, inputs) if reference else None
                 base_logps = base.logps(state.step, micro, inputs) if base is not None else None
                 policy_logps = token_logps(policy, *inputs, rt.head_dtype, T)
-            if on_policy(args):
+            if args.on_policy():
                 ref_logps = policy_logps.detach()
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
             # ALGO LOGIC: the ratio's denominator: the reference (frozen offline, synced under
@@ -537,7 +533,7 @@ def main():
                 ref_logps,
                 ref_logps if base is None else base_logps,
                 mask,
-                advantages=torch.tensor([s[2] for s in samples], device=rt.device),
+                advantages=torch.tensor([s.advantage for s in samples], device=rt.device),
                 eps=args.eps,
                 beta=args.beta,
                 log_eps_P=bounds[0],
@@ -549,7 +545,7 @@ def main():
             clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
             metrics |= {"tokens": mask.sum(), "completion_length": mask.sum(-1), "humanline/clamped_frac": clamped}
             if args.online:
-                metrics["reward"] = torch.tensor([s[3] for s in samples])
+                metrics["reward"] = torch.tensor([s.reward for s in samples])
             plumbing.accumulate(sums, metrics)
 
         # the update (it syncs the reference); a non-finite loss skips it, a SIGTERM stops after it

@@ -58,7 +58,7 @@ class AdapterReference:
 
     def __init__(self, policy, token_logps, rt, frozen, temperature=1.0):
         self.policy, self.token_logps, self.rt, self.frozen = policy, token_logps, rt, frozen
-        self.head = (rt.head_dtype, temperature)  # token_logps' last arguments
+        self.logps_args = (rt.head_dtype, temperature)  # token_logps' last: the head's dtype, the temperature
         self.held = None if frozen else [local(p).detach().clone() for p in trained(policy)]  # a checkpoint saves it
         self.seconds = 0.0
 
@@ -68,10 +68,10 @@ class AdapterReference:
         self.policy.eval()
         if self.frozen:
             with self.policy.disable_adapter():
-                logps = self.token_logps(self.policy, *inputs, *self.head)
+                logps = self.token_logps(self.policy, *inputs, *self.logps_args)
         else:
             swap_weights(self.policy, self.held)  # the reference's adapters in, the policy's out
-            logps = self.token_logps(self.policy, *inputs, *self.head)
+            logps = self.token_logps(self.policy, *inputs, *self.logps_args)
             swap_weights(self.policy, self.held)
         self.policy.train()
         self.seconds += time.time() - t0

@@ -172,7 +172,7 @@ def plan(args, script, world, config=None, gpu=True):
     s, W = shapes(config), world
     bf16, head32 = args.precision == "bf16", getattr(args, "fp32_head", True)
     b, bh = 2 if bf16 else 4, 4 if head32 or not bf16 else 2
-    on_policy = script == "grpo" and grpo_on_policy(args)  # GRPO reuses the policy's own log-probs: no reference
+    on_policy = script == "grpo" and args.on_policy()  # GRPO reuses the policy's own log-probs: no reference
     extra = (getattr(args, "ref_free", "on") == "off" and not on_policy) + (
         script == "grpo" and args.kl_baseline == "initial" and (args.online or args.sync != "none")
     )
@@ -337,14 +337,6 @@ def table(rows, per_process="", gpu_gib=80):
         )
     )
     return "\n".join(out)
-
-
-def grpo_on_policy(args):
-    """The script's rule (grpo_humanline.on_policy), imported when a GRPO run is planned: the script imports this
-    module, so this one imports the script only then (a run of `python grpo_humanline.py` has it as __main__)."""
-    import grpo_humanline
-
-    return grpo_humanline.on_policy(args)
 
 
 def prompts_per_sampling(args, script):

@@ -1,7 +1,7 @@
 """How a run is kept, the same for dpo_humanline.py, kto_humanline.py and grpo_humanline.py: the argument checks and
-the run-management flags, seeds and provenance, Hugging Face loading (one process reads the weights), every data
-format and its one-line errors, scorers, generation and evaluation, checkpoints and resume, metrics.jsonl and
-trackers, signals.
+the run-management flags, seeds and provenance, Hugging Face loading (one process reads the weights), scorers,
+generation and evaluation, checkpoints and resume, metrics.jsonl and trackers, signals. The data formats, read and
+checked row by row, are data_formats.py's.
 
 Nothing here decides what a training step computes: the loss, the reference and its sync, batching and log-probs, the
 sharding, the optimizer and the loop are in each script, in run order (the default way to hold the reference, without
@@ -30,6 +30,7 @@ import torch.distributed as dist
 import transformers
 from tqdm.auto import tqdm
 
+import data_formats  # TRL's dataset formats, read and checked row by row
 import lora  # --lora_r: LoRA adapters, from their build to the export
 import math_rewards
 import memory_plan
@@ -126,7 +127,7 @@ def parse_args(Args, name, checks):
     args.precision = args.precision or ("bf16" if torch.cuda.is_available() or args.plan_only else "fp32")
     for flag in ("model_name_or_path", "dataset", "eval_prompts", "reward_model"):
         value = getattr(args, flag)  # a path, not a hub name: it starts with ., / or ~ or ends in a data file's suffix
-        local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in SUFFIXES
+        local = value.startswith((".", "/", "~")) or os.path.splitext(value)[1] in data_formats.SUFFIXES
         fail(local and not os.path.exists(value), f"--{flag} {value}: no such file or directory")
         data, folder = flag in ("dataset", "eval_prompts"), os.path.isdir(value) and value != "toy"  # (the built-in)
         fail(folder and data, f"--{flag} {value}: a directory, not a data file")
@@ -180,7 +181,6 @@ def fail(condition, message):
 
 
 STREAMS = ("init", "data", "prompts", "sampling", "shuffle", "rejection")
-SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}  # local data files
 
 
 def stream_seed(seed, stream, *index):
@@ -300,139 +300,6 @@ def plan_run(args, rows, per_step, unit, rank):
         print(f"run: {args.max_steps} steps x {per_step} {unit} = {passes:.2f} passes over {rows} {unit}")
 
 
-# data
-def load_data(args, kind, tokenizer, rt, need=1):
-    """kind 'preferences' or 'examples' (unpaired rows allowed): encoded rows of --dataset (encode_rows); 'prompts',
-    'eval': prompt rows of --dataset or --eval_prompts (at most --num_eval_prompts). Only 'toy' and 'toy:<source>'
-    name the built-in data. A bad row stops the run, naming file, row and column; so do fewer than `need` rows."""
-    name = args.eval_prompts if kind == "eval" else args.dataset
-    if name == "none" and kind == "eval":
-        return []
-    if name == "toy" or name.startswith("toy:"):
-        name = toy_task.data_file(args.toy, name, kind)
-    import datasets
-
-    datasets.disable_progress_bars()
-    split = "test" if kind == "eval" else args.dataset_split
-    try:
-        if os.path.isfile(name):  # a local file: plain data formats only, nothing is unpickled
-            suffix = os.path.splitext(name)[1]
-            fail(suffix not in SUFFIXES, f"{name}: a local dataset must be a .json, .jsonl, .parquet or .csv file")
-            with open(name, "rb") as f:
-                fail(not f.read(4096).strip(), f"{name}: no rows")
-            split = "train" if kind == "eval" else split  # a file's one split
-            rows = datasets.load_dataset(SUFFIXES[suffix], data_files=name, split=split).to_list()
-        else:
-            rows = datasets.load_dataset(name, split=split).to_list()
-    except Exception as e:  # noqa: BLE001 (malformed file, unknown dataset, no network: one line)
-        cause = e.__cause__ or e
-        raise SystemExit(f"{name}: {type(cause).__name__}: {(str(cause).strip() or ' ').splitlines()[0]}") from None
-    fail(not rows, f"{name}: no rows")
-    if kind in ("preferences", "examples"):
-        encoded, cut = encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
-    else:
-        encoded = [prompt_row(r, f"{name}: row {i}", args) for i, r in enumerate(rows)]
-        encoded = encoded[: args.num_eval_prompts if kind == "eval" else None]
-        texts = [as_text(r["prompt"], f"{name}: row {i}, column 'prompt'", tokenizer) for i, r in enumerate(encoded)]
-        cut = {"prompts": sum(len(prompt_ids(tokenizer, t)) > args.max_prompt_length for t in texts)}
-    fail(len(encoded) < need, f"{name}: {len(encoded)} rows, fewer than the {need} that one batch or round takes")
-    if any(cut.values()) and rt.rank == 0:
-        print(f"{name}: {cut} (cut to --max_prompt_length, --max_length; unknown: what the tokenizer cannot encode)")
-    return encoded
-
-
-def prompt_row(row, where, args):
-    """A prompt row: 'prompt' (or a math dataset's 'problem'), wrapped as a conversation with --as_chat, with the
-    row's other columns (e.g. solution), which go to every scorer."""
-    prompt = row.get("prompt", row.get("problem"))
-    fail(prompt is None, f"{where}: missing column 'prompt' (or 'problem')")
-    if args.as_chat and isinstance(prompt, str):
-        system = math_rewards.SYSTEM_PROMPTS.get(args.system_prompt, args.system_prompt)
-        prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return {**row, "prompt": prompt}
-
-
-def split_prompt(prompt, completions, where):
-    """TRL's dataset formats in one shape: (prompt, completions). Completions that hold whole conversations (with
-    no prompt, a text prompt, or one they repeat) are split after their shared first turns (with one completion:
-    all but its last turn); text completions without a prompt after their common prefix, cut back to a space."""
-    conversations = all(isinstance(c, list) for c in completions)
-    repeated = isinstance(prompt, list) and all(c[: len(prompt)] == prompt for c in completions)
-    if conversations and (repeated or not isinstance(prompt, list)):
-        shared = (j for j, turns in enumerate(zip(*completions)) if turns.count(turns[0]) < len(turns))
-        n = len(completions[0]) - 1 if len(completions) == 1 else next(shared, min(map(len, completions)))
-    elif prompt is None and all(isinstance(c, str) for c in completions) and len(completions) > 1:
-        n = os.path.commonprefix(completions).rfind(" ")  # the space starts the completion, as a tokenizer splits words
-    else:
-        return prompt, completions
-    fail(n <= 0, f"{where}: missing column 'prompt' (and the completions do not begin with a shared prompt)")
-    return completions[0][:n], [c[n:] for c in completions]
-
-
-def as_text(value, where, tokenizer, prompt=None):
-    """A prompt (prompt=None) or a completion of `prompt` as text: strings as they are, a completion with the end
-    token; lists of {"role", "content"} through the chat template, a completion cut out of the whole conversation."""
-    fail(value is None, f"{where}: missing")
-    if isinstance(value, str):
-        fail(not value.strip(), f"{where}: empty text")
-        fail(isinstance(prompt, list), f"{where}: a text completion needs a text prompt")
-        return value if prompt is None else value + tokenizer.eos_token
-    messages = f"{where}: expected a string or a non-empty list of messages, got {type(value).__name__}"
-    fail(not isinstance(value, list) or not value, messages)
-    for m in value:
-        role = f"{where}: each message needs a role (system, user, assistant or tool), got {m!r}"
-        fail(not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"), role)
-        content = m.get("content")
-        fail(not isinstance(content, str), f"{where}: message content must be a string, got {content!r}")
-    chat = f"{where}: a conversational completion needs a conversational prompt"
-    fail(prompt is not None and not isinstance(prompt, list), chat)
-    prefix = tokenizer.apply_chat_template(prompt or value, tokenize=False, add_generation_prompt=True)
-    if prompt is None:
-        return prefix
-    full = tokenizer.apply_chat_template(prompt + value, tokenize=False)
-    differs = f"{where}: the chat template renders the prompt differently inside the whole conversation"
-    fail(not full.startswith(prefix), differs + ", so the completion cannot be cut out of it")
-    return full[len(prefix) :]
-
-
-def prompt_ids(tokenizer, prompt_text):
-    """A prompt's token ids, the same in training and generation: special tokens (BOS) unless the template has."""
-    bos = tokenizer.bos_token and prompt_text.startswith(tokenizer.bos_token)
-    return tokenizer(prompt_text, add_special_tokens=not bos)["input_ids"]
-
-
-def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
-    """Checked, tokenised rows: (prompt_ids, [completion_ids], labels). A preference row ([prompt,] chosen, rejected)
-    gives [chosen, rejected] labelled [True, False]; an unpaired row ([prompt,] completion, label; if unpaired_ok)
-    [completion], [label]. The prompt keeps its last --max_prompt_length tokens, a completion its first
-    --max_length - prompt: returns (rows, {what: how many were cut, and how many unknown tokens})."""
-    out, cut = [], {"prompts": 0, "completions": 0, "unknown tokens": 0}
-    need = "(rows need [prompt,] chosen, rejected" + (" or [prompt,] completion, label)" if unpaired_ok else ")")
-    for i, row in enumerate(rows):
-        where = f"{source}: row {i}"
-        unpaired = unpaired_ok and (row.get("completion") is not None or row.get("label") is not None)
-        columns = ("completion", "label") if unpaired else ("chosen", "rejected")
-        for column in columns:
-            fail(row.get(column) is None, f"{source}: row {i}: missing column '{column}' {need}")
-        label = f"{source}: row {i}, column 'label': expected a boolean (is the completion desirable?)"
-        fail(unpaired and not isinstance(row["label"], bool), f"{label}, got {row.get('label')!r}")
-        completions = [row[c] for c in columns[: 2 - unpaired]]
-        prompt, completions = split_prompt(row.get("prompt"), completions, where)
-        p = prompt_ids(tokenizer, as_text(prompt, f"{where}, column 'prompt'", tokenizer))
-        texts = [as_text(c, f"{where}, column '{k}'", tokenizer, prompt) for c, k in zip(completions, columns)]
-        limit = min(args.max_prompt_length, args.max_length - 1)  # room for one completion token
-        cut["prompts"] += len(p) > limit
-        p = p[-limit:]
-        completions = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        same = f"{source}: row {i}, columns 'chosen'/'rejected': identical completions"
-        fail(not unpaired and completions[0] == completions[-1], same + " once tokenised" * (texts[0] != texts[-1]))
-        cut["unknown tokens"] += sum(ids.count(tokenizer.unk_token_id) for ids in [p, *completions])
-        cut["completions"] += sum(len(p) + len(c) > args.max_length for c in completions)
-        labels = [row["label"]] if unpaired else [True, False]
-        out.append((p, [c[: args.max_length - len(p)] for c in completions], labels))
-    return out, cut
-
-
 # scoring, generation, evaluation
 def make_scorer(name, args, rt):
     """reward(prompts, completions, **columns) -> floats: a built-in (toy, toy_verify, tag_count, format, accuracy),
@@ -460,7 +327,7 @@ def make_scorer(name, args, rt):
         texts = [rm_tok.apply_chat_template(t, tokenize=False) if chat else t for t in turns]
         scores, size = [], args.reward_batch_size
         for batch in (texts[i : i + size] for i in range(0, len(texts), size)):
-            ids = [prompt_ids(rm_tok, t) for t in batch]
+            ids = [data_formats.prompt_ids(rm_tok, t) for t in batch]
             enc = rm_tok.pad({"input_ids": ids}, padding_side="right", return_tensors="pt").to(rt.device)
             try:
                 out = rm(**enc)
@@ -552,12 +419,31 @@ def round_prompts(n_prompts, round_size, round_index, seed):
     return order[pos * round_size : (pos + 1) * round_size].tolist()
 
 
+def shuffled(items, seed, round_index):
+    """A round's training items (pairs, examples, groups) in random order, from the round's own random stream."""
+    order = torch.randperm(
+        len(items), generator=torch.Generator().manual_seed(stream_seed(seed, "shuffle", round_index))
+    )
+    return [items[i] for i in order.tolist()]
+
+
 class Group(NamedTuple):  # a prompt's samples, as sample_and_score returns them
     prompt_ids: list
     completions: list  # token ids, each cut to --max_length
     scores: list  # each sample's weighted reward, None where a scorer failed on it
     finished: list  # whether each sample ended on its own (an end token, within --max_new_tokens and --max_length)
     row: dict  # the prompt row, with its other columns
+
+
+def scored_groups(groups):
+    """A round's Groups as (prompt_ids, completions, rewards), each without the samples whose reward failed (None),
+    and only where two samples remain: what a group's advantages are computed over (GRPO)."""
+    out = []
+    for g in groups:
+        ok = [j for j, r in enumerate(g.scores) if r is not None]
+        if len(ok) >= 2:
+            out.append((g.prompt_ids, [g.completions[j] for j in ok], [g.scores[j] for j in ok]))
+    return out
 
 
 def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt, prefix="online", failures=None):
@@ -568,7 +454,9 @@ def sample_and_score(policy, tokenizer, scorers, rows, n, args, round_index, rt,
     failing on every sample stops the run; `failures` (a list) collects what the scorers did on the others."""
     mine = rows[rt.rank :: rt.world]
     padded = mine + rows[:1] * (math.ceil(len(rows) / rt.world) - len(mine))  # the same generate calls on every process
-    prompts = [prompt_ids(tokenizer, as_text(r["prompt"], "prompt", tokenizer)) for r in padded]
+    prompts = [
+        data_formats.prompt_ids(tokenizer, data_formats.as_text(r["prompt"], "prompt", tokenizer)) for r in padded
+    ]
     prompts = [p[-args.max_prompt_length :] for p in prompts]
     with rt.autocast():  # one GPU samples in bf16 as it trains
         seed = stream_seed(args.seed, "sampling", round_index, rt.rank)
@@ -747,12 +635,12 @@ class Session:
         stuck = self.bad_streak >= self.args.max_bad_steps
         fail(stuck, message + "--learning_rate or --max_grad_norm, or look for bad data.")
 
-    def sample_round(self, scorers, rows, n):
-        """An online round's samples: n of each prompt row from the policy, scored (Groups), and the round's record."""
-        args, rt = self.args, self.rt
-        return sample_and_score(
-            self.policy, self.tokenizer, scorers, rows, n, args, self.state.round_index, rt, failures=self.failures
-        )
+    def sample_round(self, scorers, prompts, round_size, n):
+        """An online round: its `round_size` prompt rows (round_prompts), n samples of each from the policy, scored
+        (Groups, one per row), and the round's record."""
+        args, rt, i = self.args, self.rt, self.state.round_index
+        rows = [prompts[j] for j in round_prompts(len(prompts), round_size, i, args.seed)]
+        return sample_and_score(self.policy, self.tokenizer, scorers, rows, n, args, i, rt, failures=self.failures)
 
     def end_of_round(self, ready, groups, rounds_per_pass, evaluate):
         """Whether the run ends after an online round; `ready`: a batch is there. A round too short for a batch is

@@ -35,12 +35,13 @@ class PolicyAsReference:
     the CPU until their step asks. With `wait` (online GRPO under --sync: a snapshot may serve steps not sampled yet)
     the snapshot's shards wait on the CPU, to be swapped into the policy when those steps are sampled."""
 
-    def __init__(self, policy, batches, token_logps, rt, sync, sync_every, max_steps, wait=False, temperature=1.0):
+    def __init__(self, policy, batches, token_logps, rt, due, max_steps, wait=False, temperature=1.0):
         """batches(step): the step's micro-batches (input_ids, attention_mask, loss_mask), None if not sampled yet;
-        temperature: of the log-probs (GRPO's --logps_temperature)."""
+        due(step): whether the reference syncs at that step (the script's sync_due; None: never); temperature: of the
+        log-probs (GRPO's --logps_temperature)."""
         self.policy, self.batches, self.token_logps, self.rt = policy, batches, token_logps, rt
-        self.head = (rt.head_dtype, temperature)  # token_logps' last arguments
-        self.schedule, self.k, self.max_steps, self.wait = sync, sync_every, max_steps, wait
+        self.logps_args = (rt.head_dtype, temperature)  # token_logps' last: the head's dtype, the temperature
+        self.due, self.max_steps, self.wait = due, max_steps, wait
         self.held = dict(ahead={}, weights=None, steps=[])  # what a checkpoint saves
         self.seconds = 0.0  # spent on the reference since the last step's record
 
@@ -60,13 +61,16 @@ class PolicyAsReference:
         return logps.to(self.rt.device)
 
     def reset(self, policy, step):
-        """The reference <- the policy (step 0, a round's start): it serves from `step` up to the first sync."""
-        end = self.max_steps if self.schedule == "none" else (step // self.k + 1) * self.k
-        self.snapshot(range(step, min(end, self.max_steps)))
+        """The reference <- the policy (step 0, a round's start): it serves `step` and the steps after it."""
+        self.snapshot(self.served_from(step))
 
     def sync(self, policy, step):
-        """The reference <- the policy at step `step`'s sync: it serves the next k steps."""
-        self.snapshot(range(step + 1, min(step + 1 + self.k, self.max_steps)))
+        """The reference <- the policy at step `step`'s sync: it serves the steps after it."""
+        self.snapshot(self.served_from(step + 1))
+
+    def served_from(self, first):  # the steps a snapshot serves: `first` up to the next step due to sync, included
+        last = next((s for s in range(first, self.max_steps) if self.due and self.due(s)), self.max_steps - 1)
+        return range(first, last + 1)
 
     def snapshot(self, steps):  # the reference is the policy as it is now, for `steps`
         t0, steps = time.time(), list(steps)
@@ -83,7 +87,9 @@ class PolicyAsReference:
         self.policy.eval()
         with torch.no_grad(), self.rt.autocast():
             for s in tqdm(known, "reference log-probs", disable=self.rt.rank != 0 or len(known) < 2, leave=False):
-                self.held["ahead"][s] = [self.token_logps(self.policy, *b, *self.head).cpu() for b in self.batches(s)]
+                self.held["ahead"][s] = [
+                    self.token_logps(self.policy, *b, *self.logps_args).cpu() for b in self.batches(s)
+                ]
         self.policy.train()
         if hasattr(self.policy, "reshard"):  # FSDP2 keeps the root's parameters gathered after a no-grad forward
             self.policy.reshard()

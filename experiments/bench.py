@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # `python experiments/bench.py` from anywhere: the scripts and plumbing are in the root
 import smollm2  # noqa: E402
 
+import data_formats  # noqa: E402
 import plumbing  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "experiments", "results")
@@ -127,7 +128,7 @@ def worker(opts):
         importlib.import_module("datasets")  # the scripts import it to read data
         return {"peak_gib": peak_gib(device)}
     kind = "examples" if opts.algos == "kto" else "preferences"
-    encoded = plumbing.load_data(args, kind, tok, argparse.Namespace(rank=0))
+    encoded = data_formats.load_data(args, kind, tok, argparse.Namespace(rank=0))
     if opts.algos == "kto":  # as the scripts read their data
         data = [(p, c, d) for p, cs, ds in encoded for c, d in zip(cs, ds)]
     else:

@@ -107,6 +107,7 @@ def trl_worker(opts):
     import torch
     from trl import DPOConfig, DPOTrainer
 
+    import data_formats
     import dpo_humanline as m
     import plumbing
 
@@ -119,7 +120,7 @@ def trl_worker(opts):
         args.dataset, args.max_length, args.max_prompt_length = bench.smollm2.data("constraints", "pairs"), 128, 64
     tok = plumbing.load_tokenizer(args)
     rows = [json.loads(line) for line in open(args.toy.offline["strong"] if not real else args.dataset)]
-    ours = [(p, c, r) for p, (c, r), _ in plumbing.load_data(args, "preferences", tok, argparse.Namespace(rank=0))]
+    ours = [(p, c, r) for p, (c, r), _ in data_formats.load_data(args, "preferences", tok, argparse.Namespace(rank=0))]
     order = [i for s in range(opts.steps) for i in m.offline_batch(list(range(len(rows))), s, opts.batch, 0)]
     dataset = datasets.Dataset.from_list([{k: rows[i][k] for k in ("prompt", "chosen", "rejected")} for i in order])
     config = DPOConfig(**trainer_options(opts, device), **TRL_SETTINGS, **json.loads(opts.trl_options))

@@ -284,13 +284,14 @@ def loaded(model, task, **more):
 
 def greedy(model, task, splits):
     """Per split: (rows, greedy completions' texts, scores, whether each finished), as a run's evaluation has them."""
+    import data_formats
     import plumbing
 
     args, rt, tokenizer, policy = loaded(model, task)
     scorers = [("reward", 1.0, plumbing.make_scorer(args.reward_model, args, rt))]
     for split in splits:
         args.eval_prompts, args.num_eval_prompts = os.path.join(ROOT, data(task, split)), SPLITS[split]
-        rows = plumbing.load_data(args, "eval", tokenizer, rt)
+        rows = data_formats.load_data(args, "eval", tokenizer, rt)
         groups, _ = plumbing.sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")
         texts = [tokenizer.decode(g.completions[0], skip_special_tokens=True) for g in groups]
         yield split, [g.row for g in groups], texts, [g.scores[0] for g in groups], [g.finished[0] for g in groups]
@@ -329,11 +330,12 @@ def starting(task, split):
 
 def make_pairs(task, model=MODEL_DIR, n_prompts=1024, samples=4, seed=0):
     """A task's pairs.jsonl: per training prompt, (a sample scoring 1, one scoring 0) where its samples hold both."""
+    import data_formats
     import plumbing
 
     args, rt, tokenizer, policy = loaded(model, task, seed=seed)
     args.dataset = os.path.join(ROOT, data(task, "train"))
-    rows = plumbing.load_data(args, "prompts", tokenizer, rt)[:n_prompts]
+    rows = data_formats.load_data(args, "prompts", tokenizer, rt)[:n_prompts]
     fn = plumbing.make_scorer(args.reward_model, args, rt)
     pairs, step = [], 64
     for i in range(0, len(rows), step):  # a batch at a time, so that progress shows
@@ -358,15 +360,15 @@ def quality(samples_file, task, model=MODEL_DIR):
     of repeated words (words beyond each one's first use, over all words), with the success and cut share."""
     import torch
 
+    import data_formats
     import dpo_humanline
-    import plumbing
 
     args, rt, tokenizer, policy = loaded(model, task)
     with open(samples_file) as f:
         rows = [json.loads(line) for line in f]
     nll, count, sequences = 0.0, 0, []
     for r in rows:
-        prompt = plumbing.prompt_ids(tokenizer, plumbing.as_text(r["prompt"], "prompt", tokenizer))
+        prompt = data_formats.prompt_ids(tokenizer, data_formats.as_text(r["prompt"], "prompt", tokenizer))
         end = [tokenizer.eos_token_id] if r["finished"] else []  # the chat's end of turn: the model's EOS here
         sequences.append((prompt[-64:], tokenizer(r["completion"], add_special_tokens=False)["input_ids"] + end))
     with torch.no_grad():

@@ -21,14 +21,15 @@ from conftest import make_session
 from runs import ENV
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import data_formats
 import dpo_humanline
 import grpo_humanline
 import kto_humanline
 import plumbing
 import ref_free
 import toy_task
+from data_formats import encode_rows
 from dpo_humanline import Args, ReferenceModel, collate, dpo_loss, optimizer_step, token_logps
-from plumbing import encode_rows
 
 
 def encode_pairs(rows, tok, args):
@@ -38,7 +39,7 @@ def encode_pairs(rows, tok, args):
 
 
 def as_text(value, row, column, tok, prompt=None):
-    return plumbing.as_text(value, f"data.jsonl: row {row}, column '{column}'", tok, prompt)
+    return data_formats.as_text(value, f"data.jsonl: row {row}, column '{column}'", tok, prompt)
 
 
 def best_worst_pairs(prompts, completions, scores, n, threshold):
@@ -282,7 +283,8 @@ def test_the_reference_free_reference_is_the_policy_optimizer_step_syncs_it_to(m
     rt = SimpleNamespace(rank=0, device=torch.device("cpu"), autocast=contextlib.nullcontext)
     rt.head_dtype = torch.float32
     read = lambda model, *inputs: model.weight.detach().clone()  # noqa: E731 (the "log-probs": the weight)
-    reference = ref_free.PolicyAsReference(policy, lambda s: [()], read, rt, sync=sync, sync_every=3, max_steps=9)
+    due = None if sync == "none" else lambda s: module.sync_due(s, 3)  # the script's schedule, as main passes it
+    reference = ref_free.PolicyAsReference(policy, lambda s: [()], read, rt, due, max_steps=9)
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     reference.reset(policy, step=reset)

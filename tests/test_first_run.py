@@ -27,6 +27,7 @@ import torch
 from test_formats import llama, local_config, parsed, train, write  # noqa: F401 (llama: a fixture, by name below)
 from transformers import AutoConfig
 
+import data_formats
 import dpo_humanline
 import math_rewards
 import memory_plan
@@ -349,7 +350,7 @@ def test_a_long_prompt_sampled_online_keeps_its_last_tokens(toy):
             0,
             rt,
         )
-    ids = plumbing.prompt_ids(tokenizer, long)
+    ids = data_formats.prompt_ids(tokenizer, long)
     assert len(ids) > 8 and seen == [ids[-8:]] and groups[0].prompt_ids == ids[-8:]
     assert tokenizer.decode(seen[0]).replace(" ", "").endswith("585+445=")
 
@@ -371,7 +372,7 @@ def test_a_system_prompt_reaches_what_is_sampled_trained_on_and_evaluated(model_
     scorer = [("r", 1.0, lambda prompts, completions, **_: [0.0] * len(completions))]
     with mock.patch.object(plumbing, "generate", generate):
         for kind in ("prompts", "eval"):
-            rows = plumbing.load_data(args, kind, tokenizer, rt)
+            rows = data_formats.load_data(args, kind, tokenizer, rt)
             groups, _ = plumbing.sample_and_score(None, tokenizer, scorer, rows, 2, args, 0, rt)
             trained = [tokenizer.decode(g.prompt_ids) for g in groups]  # what the pairs are built on
             assert all(f"system<|end_header_id|>\n\n{text}<|eot_id|>" in t for t in trained), trained[0]
@@ -384,7 +385,7 @@ def test_the_bf16_head_computes_in_bf16_on_one_process(toy):
     assert rt.head_dtype == torch.bfloat16
     tokenizer = plumbing.load_tokenizer(args)
     model = dpo_humanline.load_model(args, rt)
-    seqs = [(p, c) for p, (c, _), _ in plumbing.load_data(args, "preferences", tokenizer, rt)[:4]]
+    seqs = [(p, c) for p, (c, _), _ in data_formats.load_data(args, "preferences", tokenizer, rt)[:4]]
     ids, attention, mask = dpo_humanline.collate(seqs, tokenizer.pad_token_id, rt.device)
     with torch.no_grad():
         got = dpo_humanline.token_logps(model, ids, attention, mask, rt.head_dtype)

@@ -24,6 +24,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
+import data_formats
 import dpo_humanline
 import grpo_humanline
 import kto_humanline
@@ -124,9 +125,11 @@ def test_every_preference_shape_encodes_as_its_explicit_form(llama, shape):
     tokenizer = plumbing.load_tokenizer(
         args_for(dpo_humanline, model_name_or_path=llama, dataset="x.jsonl", eval_prompts="none")
     )
-    encoded, cut = plumbing.encode_rows(PREFERENCE_SHAPES[shape], tokenizer, args_for(dpo_humanline), "data.jsonl")
+    encoded, cut = data_formats.encode_rows(PREFERENCE_SHAPES[shape], tokenizer, args_for(dpo_humanline), "data.jsonl")
     explicit = "conversational" if "conversation" in shape else "standard"
-    expected = plumbing.encode_rows(PREFERENCE_SHAPES[explicit], tokenizer, args_for(dpo_humanline), "data.jsonl")[0]
+    expected = data_formats.encode_rows(PREFERENCE_SHAPES[explicit], tokenizer, args_for(dpo_humanline), "data.jsonl")[
+        0
+    ]
     if shape == "standard-implicit-prompt":  # text: the prompt ends at the last space the two completions share
         assert [(p + c, p + r) for p, (c, r), _ in encoded] == [(p + c, p + r) for p, (c, r), _ in expected]
         assert tokenizer.decode(encoded[5][0], skip_special_tokens=True) == QUESTIONS[5][0] + " It is"
@@ -247,9 +250,9 @@ def test_a_toy_named_file_is_a_file(tmp_path, monkeypatch):
     args = args_for(dpo_humanline, dataset="toy_mine.jsonl", eval_prompts="none", batch_size=2)
     tokenizer = plumbing.load_tokenizer(args)
     rt = SimpleNamespace(rank=0, world=1)
-    assert len(plumbing.load_data(args, "preferences", tokenizer, rt)) == 2
+    assert len(data_formats.load_data(args, "preferences", tokenizer, rt)) == 2
     with pytest.raises(SystemExit, match="toy_mine.jsonl: 2 rows, fewer than the 3"):
-        plumbing.load_data(args, "preferences", tokenizer, rt, need=3)
+        data_formats.load_data(args, "preferences", tokenizer, rt, need=3)
 
 
 def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tmp_path, capsys):
@@ -269,7 +272,7 @@ def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tm
         for r in rows
     ]
     assert max(lengths[:-2]) <= 60 < min(lengths[-2:])  # the template's BOS counted once
-    plumbing.load_data(args, "prompts", tokenizer, SimpleNamespace(rank=0, world=1))
+    data_formats.load_data(args, "prompts", tokenizer, SimpleNamespace(rank=0, world=1))
     assert ": {'prompts': 2} (cut to --max_prompt_length" in capsys.readouterr().out
 
 
@@ -280,7 +283,7 @@ def test_a_chat_template_that_renders_the_prompt_differently_is_an_error_naming_
     with pytest.raises(
         SystemExit, match=r"data.jsonl: row 0, column 'chosen': the chat template renders the prompt differently"
     ):
-        plumbing.encode_rows(rows, tokenizer, args_for(dpo_humanline), "data.jsonl")
+        data_formats.encode_rows(rows, tokenizer, args_for(dpo_humanline), "data.jsonl")
 
 
 @pytest.mark.parametrize(
@@ -296,7 +299,7 @@ def test_a_chat_template_that_renders_the_prompt_differently_is_an_error_naming_
 )
 def test_rows_whose_prompt_cannot_be_found_name_the_row(row, match):
     with pytest.raises(SystemExit, match=match):
-        plumbing.encode_rows([row], chat_tokenizer(), args_for(dpo_humanline), "data.jsonl")
+        data_formats.encode_rows([row], chat_tokenizer(), args_for(dpo_humanline), "data.jsonl")
 
 
 def test_sampled_completions_end_in_the_templates_end_token_or_are_cut(llama):
@@ -312,7 +315,7 @@ def test_sampled_completions_end_in_the_templates_end_token_or_are_cut(llama):
     prompts = [
         tokenizer.apply_chat_template([user(q)], tokenize=False, add_generation_prompt=True) for q, _, _ in QUESTIONS
     ]
-    ids = [plumbing.prompt_ids(tokenizer, t) for t in prompts]
+    ids = [data_formats.prompt_ids(tokenizer, t) for t in prompts]
     assert all(p.count(tokenizer.bos_token_id) == 1 for p in ids)
     completions, finished = plumbing.generate(model, tokenizer, ids, 8, args, greedy=False, seed=0)
     ends = {tokenizer.convert_tokens_to_ids(EOT), tokenizer.eos_token_id}
@@ -465,7 +468,7 @@ def parsed(algo, argv, world=1, rows=1000, printed=None):
         mock.patch.dict(os.environ, {"WORLD_SIZE": str(world)}),
         mock.patch.object(module, "setup", lambda a: SimpleNamespace(rank=0, world=world)),
         mock.patch.object(plumbing, "load_tokenizer", lambda a: None),
-        mock.patch.object(plumbing, "load_data", data),
+        mock.patch.object(data_formats, "load_data", data),
         mock.patch.object(module, "load_model", stop),
         mock.patch.object(memory_plan, "read_config", local_config),
         contextlib.redirect_stdout(printed or io.StringIO()),

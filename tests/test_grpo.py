@@ -429,7 +429,7 @@ def test_sampler_logps_computed_ahead_equal_the_training_forward_exactly(toy_mod
         batch = step_batch(s)
         return batch and [collate(q, tok.pad_token_id, "cpu") for _, q in forwards(batch, args, rank, world)]
 
-    reference = ref_free.PolicyAsReference(model.train(), step_inputs, token_logps, rt, "none", 1, args.max_steps)
+    reference = ref_free.PolicyAsReference(model.train(), step_inputs, token_logps, rt, None, args.max_steps)
     reference.reset(model, step=3)
     ahead = reference.held["ahead"]
     assert sorted(ahead) == [3, 4] and model.training

@@ -13,8 +13,8 @@ import pytest
 import runs
 import torch
 
+import data_formats
 import kto_humanline as kto
-import plumbing
 import toy_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +174,7 @@ ARGS = SimpleNamespace(max_prompt_length=512, max_length=1024)
 
 def encode_examples(rows, tok, args):
     """KTO's examples of unpaired or preference rows: [(prompt_ids, completion_ids, desirable)], and what was cut."""
-    encoded, cut = plumbing.encode_rows(rows, tok, args, "data.jsonl", unpaired_ok=True)
+    encoded, cut = data_formats.encode_rows(rows, tok, args, "data.jsonl", unpaired_ok=True)
     return [(p, c, d) for p, cs, ds in encoded for c, d in zip(cs, ds)], cut
 
 

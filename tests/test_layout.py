@@ -33,7 +33,7 @@ SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 # what a reader can hold in one sitting, as ruff formats each script: a screen per phase, room for the comments that say
 # why; at most 10% of a script's lines over 100 characters, so that it reads without scrolling sideways
 BUDGET = {"dpo_humanline.py": 450, "kto_humanline.py": 500, "grpo_humanline.py": 580}
-MODULE_BUDGET = 985  # plumbing.py's lines: how every run is kept, in one module a reader can still look through
+MODULE_BUDGET = 950  # plumbing.py's lines: how every run is kept, in one module a reader can still look through
 MODULES = {s: importlib.import_module(s[:-3]) for s in SCRIPTS}
 SHARED_METHOD = (  # copied into the three scripts, identical
     "clamped_fraction",
@@ -45,6 +45,7 @@ SHARED_METHOD = (  # copied into the three scripts, identical
     "token_logps",
     "head_logps",
     "best_worst_pairs",
+    "sync_due",
     "setup",
     "load_model",
     "make_optimizer",
@@ -69,7 +70,13 @@ def top_level(script):
     return found
 
 
-@pytest.mark.parametrize("module", ("plumbing.py", "ref_free.py", "lora.py"))
+# every module beside the scripts: a script imports them, so one importing a script back is a circle (a GRPO run
+# would import its own script a second time)
+OTHER_MODULES = ("plumbing.py", "data_formats.py", "ref_free.py", "lora.py", "memory_plan.py", "math_rewards.py")
+OTHER_MODULES += ("toy_task.py", "humanline_sampling.py", "prospect.py")
+
+
+@pytest.mark.parametrize("module", OTHER_MODULES)
 def test_the_modules_import_no_script_and_no_script_redefines_their_names(module):
     tree = ast.parse(source(module))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -79,7 +86,7 @@ def test_the_modules_import_no_script_and_no_script_redefines_their_names(module
         n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
     }
     assert not names & {s[:-3] for s in SCRIPTS}  # it calls into no script
-    module_names = set(top_level(module))
+    module_names = set(top_level(module)) - {"main"}  # (a module's command line, as a script's)
     for script in SCRIPTS:
         assert not set(top_level(script)) & module_names, script
     assert len(source("plumbing.py").splitlines()) <= MODULE_BUDGET

@@ -234,7 +234,8 @@ def test_the_policy_computes_each_batch_once_where_the_reference_would_take_its_
         logps_temperature=1.0,
     )
     batches = lambda s: [dpo_humanline.collate([([1, 2], [3, 4 + s % 5])], 0, "cpu")]  # noqa: E731
-    reference = ref_free.PolicyAsReference(model, batches, dpo_humanline.token_logps, rt, sync, k, max_steps=12)
+    due = None if sync == "none" else lambda s: dpo_humanline.sync_due(s, k)  # as the script passes its schedule
+    reference = ref_free.PolicyAsReference(model, batches, dpo_humanline.token_logps, rt, due, max_steps=12)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     got, ahead = {}, reference.held["ahead"]

@@ -30,6 +30,7 @@ import torch
 from conftest import make_session
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import data_formats
 import plumbing
 import toy_task
 
@@ -207,7 +208,7 @@ BAD_KTO = {
 
 def encode_rows(script, rows, tok):
     m = MODULES[script]
-    return plumbing.encode_rows(rows, tok, m.Args(), "data.jsonl", unpaired_ok=script == "kto_humanline.py")
+    return data_formats.encode_rows(rows, tok, m.Args(), "data.jsonl", unpaired_ok=script == "kto_humanline.py")
 
 
 @pytest.mark.parametrize("case", list(BAD_PAIRS))
@@ -232,8 +233,8 @@ def test_bad_prompts_for_sampling_or_evaluation_are_named(script, tok):
     m = MODULES[script]
     for prompt, message in [(None, "missing"), ("", "empty text"), ([{"role": "user"}], "content must be a string")]:
         with pytest.raises(SystemExit) as e:
-            plumbing.as_text(
-                plumbing.prompt_row({"prompt": prompt}, "prompts.jsonl: row 1", m.Args())["prompt"],
+            data_formats.as_text(
+                data_formats.prompt_row({"prompt": prompt}, "prompts.jsonl: row 1", m.Args())["prompt"],
                 "prompts.jsonl: row 1, column 'prompt'",
                 tok,
             )
@@ -309,7 +310,7 @@ def test_a_local_file_must_be_plain_data(tmp_path):
         path.write_bytes(b"not read")
         for m in MODULES.values():
             with pytest.raises(SystemExit, match="must be a .json, .jsonl, .parquet or .csv file"):
-                plumbing.load_data(m.Args(dataset=str(path)), "preferences", None, None)
+                data_formats.load_data(m.Args(dataset=str(path)), "preferences", None, None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -475,7 +476,7 @@ def test_truncation_is_counted_and_reported(uninterrupted, tok):
     m = MODULES["dpo_humanline.py"]
     args = m.Args(max_length=40, max_prompt_length=20)
     with open(toy_task.load().offline["strong"]) as f:
-        _, counts = plumbing.encode_rows([json.loads(line) for line in f], tok, args, "toy")
+        _, counts = data_formats.encode_rows([json.loads(line) for line in f], tok, args, "toy")
     assert counts["completions"] > 0
     assert f": {counts} (cut to --max_prompt_length, --max_length" in uninterrupted[1]
 
@@ -779,7 +780,7 @@ def test_a_hung_then_dead_process_stops_the_run_within_the_timeout(tmp_path, toy
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_remote_code_is_off_unless_the_flag_is_given(script):
     assert MODULES[script].Args().trust_remote_code is False
-    tree = ast.parse(open(os.path.join(ROOT, script)).read() + open(os.path.join(ROOT, "plumbing.py")).read())
+    tree = ast.parse("".join(open(os.path.join(ROOT, f)).read() for f in (script, "plumbing.py", "data_formats.py")))
     calls = [
         n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "from_pretrained"
     ]
@@ -791,7 +792,7 @@ def test_remote_code_is_off_unless_the_flag_is_given(script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_training_state_is_loaded_with_weights_only_and_nothing_is_unpickled(script):
-    tree = ast.parse(open(os.path.join(ROOT, script)).read() + open(os.path.join(ROOT, "plumbing.py")).read())
+    tree = ast.parse("".join(open(os.path.join(ROOT, f)).read() for f in (script, "plumbing.py", "data_formats.py")))
     calls = {ast.unparse(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
     loads = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.load"]
     assert loads and all(

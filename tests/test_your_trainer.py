@@ -33,9 +33,9 @@ import trl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
 
+import data_formats
 import dpo_humanline
 import grpo_humanline
-import plumbing
 import toy_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +109,7 @@ def pairs(toy):
     tok = AutoTokenizer.from_pretrained(toy.model)
     with open(toy.offline["strong"]) as f:
         rows = [json.loads(line) for line in f][:16]
-    ids = plumbing.load_data(dpo_humanline.Args(), "preferences", tok, SimpleNamespace(rank=0))[:16]
+    ids = data_formats.load_data(dpo_humanline.Args(), "preferences", tok, SimpleNamespace(rank=0))[:16]
     return tok, [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows], ids
 
 

@@ -19,6 +19,7 @@ from unittest import mock
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import data_formats  # noqa: E402
 import dpo_humanline as dpo  # noqa: E402
 import memory_plan  # noqa: E402
 import plumbing  # noqa: E402
@@ -77,13 +78,13 @@ def step0_log_ratio(reference_free, precision="bf16"):
     args.sync, args.clip = "humanline", "clamp"
     rt = dpo.setup(args)
     tokenizer = plumbing.load_tokenizer(args)
-    pairs = [(p, c, r) for p, (c, r), _ in plumbing.load_data(args, "preferences", tokenizer, rt)]
+    pairs = [(p, c, r) for p, (c, r), _ in data_formats.load_data(args, "preferences", tokenizer, rt)]
     forwards = dpo.forward_batches(dpo.offline_batch(pairs, 0, args.batch_size, args.seed), args, 0, 1)
     inputs = [dpo.collate(seqs, tokenizer.pad_token_id, rt.device) for _, seqs in forwards]
     policy = dpo.load_model(args, rt).to(rt.device).train()
     if reference_free:
         batches = lambda s: inputs if s == 0 else None  # noqa: E731
-        reference = ref_free.PolicyAsReference(policy, batches, dpo.token_logps, rt, "humanline", 1, 1)
+        reference = ref_free.PolicyAsReference(policy, batches, dpo.token_logps, rt, lambda s: True, 1)
     else:
         reference = dpo.ReferenceModel(dpo.load_model(args, rt).to(rt.device), rt)
     reference.reset(policy, step=0)
