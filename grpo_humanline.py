@@ -464,6 +464,7 @@ def main():
     sampling_gen = torch.Generator(rt.device).manual_seed(plumbing.stream_seed(args.seed, "rejection", rt.rank))
 
     session = plumbing.Session(args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference)
+    state.round = [Sequence(*s) for s in state.round]  # a resumed round: a checkpoint keeps them as plain tuples
     evaluate = partial(plumbing.evaluate, policy, tokenizer, scorer, eval_prompts, args, rt)
     if state.step == 0:  # (not when resuming)
         if reference is not None:

@@ -702,7 +702,8 @@ class Session:
         ref = getattr(self.reference, "model", None)  # a reference model's shards, or what the policy computed ahead
         ref = get_model_state_dict(ref) if ref is not None else getattr(self.reference, "held", None)
         saved = dict(policy=model, optimizer=optimizer, ref=ref, rng=rng)
-        saved |= dict(scheduler=self.scheduler.state_dict(), world_size=self.rt.world, state=vars(self.state))
+        state = vars(self.state) | {"round": [tuple(s) for s in self.state.round]}  # plain: weights_only loads no class
+        saved |= dict(scheduler=self.scheduler.state_dict(), world_size=self.rt.world, state=state)
         saved |= dict(bad_steps=self.bad_steps, metrics_lines=self.lines)
         os.makedirs(tmp, exist_ok=True)  # process 0 made it: here only if this node does not see its folder
         torch.save(saved | {"args": asdict(self.args)}, os.path.join(tmp, f"state-rank{rank}.pt"))

@@ -95,7 +95,7 @@ def summarize(runs, configs):
     and CPU time, the humanline diagnostics (clamped fraction and margin or |log-ratio| averaged over training,
     log-probs at the last step), their per-step curves and each run's args.json."""
     rows = []
-    for name, script, flags, seeds in configs:
+    for name, script, flags, seeds, *_ in configs:
         per_seed = []
         for seed in seeds:
             run = runs.get(runner.run_key(name, seed))
@@ -153,20 +153,33 @@ def code_versions(rows):
 
 
 def choose_rates(results):
-    """variant -> the sweep's learning rate with the highest mean validation reward, for variants whose sweep is
-    complete (every rate, every seed). Keys: the toy's variants, "<variant> lora", "<task> <variant>"."""
+    """variant -> its learning rate, chosen by best_rates from the finished runs of every sweep suite. Keys: the toy's
+    variants, "<variant> lora", "<task> <variant>"."""
     chosen = {}
     for suite, entry in suites.SUITES.items():
-        if entry.sweep is None:
-            continue
-        cells, multiples, key, seeds = entry.sweep
-        rows = {r["config"]: r for r in summarize(runner.load_runs(results, suite), entry.runs(results, {}))}
-        for cell, _, _ in cells:
-            rates = [m * paper_lr(cell) for m in multiples]
-            found = [rows.get(f"{key.format(cell)} lr {rate:g}") for rate in rates]
-            if all(c and c["seeds"] == len(seeds) for c in found):
-                chosen[key.format(cell)] = rates[int(np.argmax([c["reward"][0] for c in found]))]
+        if entry.chooses_rates:
+            configs = entry.runs(results, {})
+            chosen |= best_rates(configs, summarize(runner.load_runs(results, suite), configs))
     return chosen
+
+
+def best_rates(configs, rows):
+    """The one chooser of rates: per variant of a sweep's configurations, the rate whose row has the highest mean
+    validation reward, once every rate has finished every seed (a rate chosen from partial data could still change);
+    a variant not complete yet is left out."""
+    by, chosen = {r["config"]: r for r in rows}, {}
+    for variant in dict.fromkeys(c.variant for c in configs):
+        mine = [c for c in configs if c.variant == variant]
+        found = [by.get(c.name) for c in mine]
+        if all(r and r["seeds"] == len(c.seeds) for r, c in zip(found, mine)):
+            chosen[variant] = mine[int(np.argmax([r["reward"][0] for r in found]))].rate
+    return chosen
+
+
+def at_rates(configs, rows):
+    """(variant, rate as printed) -> its row, of a sweep's configurations (None where no seed has finished)."""
+    by = {r["config"]: r for r in rows}
+    return {(c.variant, f"{c.rate:g}"): by.get(c.name) for c in configs}
 
 
 def header(columns):  # a markdown table's first two lines, of its columns "a | b | c"
@@ -311,9 +324,8 @@ def sweep_cell(c, bold):
     return fmt(c["reward"]) + ("" if c["seeds"] == len(SWEEP_SEEDS) else f" (n={c['seeds']})")
 
 
-def sweep_tables(rows, start):
-    by = {r["config"]: r for r in rows}
-    chosen = {}
+def sweep_tables(rows, configs, start):
+    at, chosen = at_rates(configs, rows), best_rates(configs, rows)
     lines = [
         "Mean reward on the 256 validation prompts (3 seeds, ± standard error) at each learning rate, as a multiple of "
         f"the paper's rate for that variant (its Table 3); the chosen rate has the highest mean. The starting policy "
@@ -322,13 +334,12 @@ def sweep_tables(rows, start):
         *header("variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen"),
     ]
     for cell, _, _ in CELLS:
-        cells = [by.get(f"{cell} lr {m * paper_lr(cell):g}") for m in MULTIPLES]
-        done = all(c and c["seeds"] == len(SWEEP_SEEDS) for c in cells)
-        best = int(np.argmax([c["reward"][0] for c in cells])) if done else None
-        if done:
-            chosen[cell] = MULTIPLES[best] * paper_lr(cell)
-        shown = " | ".join(sweep_cell(c, i == best) for i, c in enumerate(cells))
-        lines.append(f"| {cell} | {paper_lr(cell):g} | {shown} | " + (f"{chosen[cell]:g} |" if done else "not yet |"))
+        rates = [f"{m * paper_lr(cell):g}" for m in MULTIPLES]
+        best = rates.index(f"{chosen[cell]:g}") if cell in chosen else None
+        shown = " | ".join(sweep_cell(at.get((cell, rate)), i == best) for i, rate in enumerate(rates))
+        lines.append(
+            f"| {cell} | {paper_lr(cell):g} | {shown} | " + (f"{rates[best]} |" if cell in chosen else "not yet |")
+        )
     lines += [
         "",
         f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
@@ -337,8 +348,8 @@ def sweep_tables(rows, start):
         *header("variant | at the shared rate | at its chosen rate"),
     ]
     for cell, _, _ in CELLS:
-        shared = by.get(f"{cell} lr {SHARED_LR:g}")
-        best = by.get(f"{cell} lr {chosen[cell]:g}") if cell in chosen else None
+        shared = at.get((cell, f"{SHARED_LR:g}"))
+        best = at.get((cell, f"{chosen[cell]:g}")) if cell in chosen else None
         lines.append(
             f"| {cell} | {fmt(shared['reward']) if shared else ''} "
             f"| {fmt(best['reward']) + f' ({chosen[cell]:g})' if best else ''} |"
@@ -353,7 +364,7 @@ def sweep_tables(rows, start):
     for cell, _, _ in CELLS:
         if "offline" in cell:
             for m in MULTIPLES:
-                r = by.get(f"{cell} lr {m * paper_lr(cell):g}")
+                r = at.get((cell, f"{m * paper_lr(cell):g}"))
                 if r:
                     lines.append(
                         f"| {cell} | {m * paper_lr(cell):g} | {fmt(r['reward'])} | {fmt(r['margin'])} "
@@ -453,18 +464,18 @@ def instance_tables(rows, main_rows):
 # ---- the report ------------------------------------------------------------------------------------------------------
 def real_sweep_table(rows, ctx):
     """The real model's sweep: validation success (and cut share) at each rate, x the paper's, and the rate chosen."""
-    task, by = ctx.entry.task, {r["config"]: r for r in rows}
+    task, at, chosen = ctx.entry.task, at_rates(ctx.configs, rows), best_rates(ctx.configs, rows)
     lines = [
         "",
         "Validation success (cut share) at each learning rate, x the paper's rate for that variant, and the one",
     ]
     lines += ["chosen:", "", *header("variant | " + " | ".join(f"{m:g}x" for m in suites.REAL_MULTIPLES) + " | chosen")]
     for cell, _, _, _ in suites.REAL_CELLS:
-        found = [by.get(f"{task} {cell} lr {m * paper_lr(cell):g}") for m in suites.REAL_MULTIPLES]
-        best = int(np.argmax([c["reward"][0] for c in found])) if all(found) else None
-        cells = [f"{c['reward'][0]:.3f} ({c['cut'][0]:.2f}) at {rate_of(c['flags']):g}" if c else "" for c in found]
-        chosen = f"{rate_of(found[best]['flags']):g}" if best is not None else "not yet"
-        lines.append(f"| {cell} | " + " | ".join(cells) + f" | {chosen} |")
+        rates = [f"{m * paper_lr(cell):g}" for m in suites.REAL_MULTIPLES]
+        found = [at.get((f"{task} {cell}", rate)) for rate in rates]
+        cells = [f"{c['reward'][0]:.3f} ({c['cut'][0]:.2f}) at {rate}" if c else "" for c, rate in zip(found, rates)]
+        best = chosen.get(f"{task} {cell}")
+        lines.append(f"| {cell} | " + " | ".join(cells) + f" | {'not yet' if best is None else f'{best:g}'} |")
     return lines
 
 
@@ -524,7 +535,7 @@ def step_80_table(rows, ctx):
 def settings(rows, ctx):
     """What each variant ran with; the sweep's is also the README's setup table (the other suites change only the
     learning rate and evaluation)."""
-    if ctx.entry.sweep:
+    if ctx.entry.chooses_rates:
         with open(os.path.join(ctx.results, "setup.md"), "w") as f:
             f.write("\n".join(setup_table(rows)) + "\n")
     return ["", "The settings of each variant, from its runs' args.json:", ""] + setup_table(rows)
@@ -542,7 +553,7 @@ SECTIONS = {
     ),
     "time": lambda rows, ctx: time_ratios(rows),
     "settings": settings,
-    "sweep": lambda rows, ctx: sweep_tables(rows, suites.toy_start("valid")),
+    "sweep": lambda rows, ctx: sweep_tables(rows, ctx.configs, suites.toy_start("valid")),
     "instances": instances,
     "step 80": step_80_table,
     "lora": lambda rows, ctx: lora_tables(rows),
@@ -582,6 +593,7 @@ def report(results, suite, configs, main_rows=(), mix_code=False, note=""):
     if early:
         lines += [f"Ended before their last step, a whole pass of prompts giving no batch: {', '.join(early)}.", ""]
     ctx = SimpleNamespace(entry=entry, results=results, main_rows=list(main_rows), names=[r["config"] for r in rows])
+    ctx.configs = configs
     ctx.plotted = rows
     for section in entry.sections:
         lines += SECTIONS[section](rows, ctx)

@@ -21,8 +21,10 @@ import toy_task  # noqa: E402
 class Config(NamedTuple):  # one configuration of a suite: its runs are one per seed
     name: str
     script: str
-    flags: list
+    flags: list  # the script's, its learning rate's included
     seeds: tuple
+    variant: str = None  # a sweep's: the variant ("dpo offline", "addition dpo offline") whose rate it measures
+    rate: float = None  # a sweep's: the learning rate it measures (report.best_rates chooses among a variant's)
 
 
 # the paper's learning rates (its Table 3) per objective and mode; a humanline variant starts from its mode's rate
@@ -76,7 +78,7 @@ def rates_line(chosen, cells, lora=False):
 # ---- the toy's suites ------------------------------------------------------------------------------------------------
 def sweep(results, chosen):
     rates = [(c, s, f, m * paper_lr(c)) for c, s, f in CELLS for m in MULTIPLES]
-    return [Config(f"{c} lr {lr:g}", s, f + lr_flags(lr) + VALIDATION, SWEEP_SEEDS) for c, s, f, lr in rates]
+    return [Config(f"{c} lr {lr:g}", s, f + lr_flags(lr) + VALIDATION, SWEEP_SEEDS, c, lr) for c, s, f, lr in rates]
 
 
 def main(results, chosen):
@@ -183,7 +185,7 @@ def quality(results, chosen):
 def lora_sweep(results, chosen):
     rates = [(c, s, f, m * paper_lr(c)) for c, s, f in LORA_CELLS for m in LORA_MULTIPLES]
     return [
-        Config(f"{c} lora lr {lr:g}", s, f + LORA_RANK + lr_flags(lr) + VALIDATION, SWEEP_SEEDS)
+        Config(f"{c} lora lr {lr:g}", s, f + LORA_RANK + lr_flags(lr) + VALIDATION, SWEEP_SEEDS, f"{c} lora", lr)
         for c, s, f, lr in rates
     ]
 
@@ -229,7 +231,8 @@ def real_sweep(task):
         for cell, script, algo, mode in REAL_CELLS:
             flags = smollm2.flags(task, algo, mode, "valid", 128)
             for lr in [m * paper_lr(cell) for m in REAL_MULTIPLES]:
-                out.append(Config(f"{task} {cell} lr {lr:g}", script, flags + lr_flags(lr), REAL_SWEEP_SEEDS))
+                name, variant = f"{task} {cell} lr {lr:g}", f"{task} {cell}"
+                out.append(Config(name, script, flags + lr_flags(lr), REAL_SWEEP_SEEDS, variant, lr))
         return out
 
     return runs
@@ -248,7 +251,7 @@ def real(task):
 
 
 # ---- the registry ----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Suite:
     runs: Callable  # (results folder, chosen rates) -> [Config]
     sections: tuple = ("long", "tests", "time")  # the report's tables, in order (report.SECTIONS)
@@ -259,7 +262,7 @@ class Suite:
     held_out: str = "the toy test problems"
     margin: float = 0.01  # TOST's equivalence margin of the reward, fixed before the runs
     start: Callable = lambda: toy_start("test")  # the starting policy's reward on the held-out prompts
-    sweep: tuple = None  # a rate sweep: (cells, multiples, chosen key "{}", seeds) for choose_rates
+    chooses_rates: bool = False  # a rate sweep: its configurations' variant and rate (report.choose_rates)
     model: str = "toy task"
     task: str = None  # the real model's task: runs only when named; its runs checkpoint and measure quality
     prepare: Callable = lambda results, configs: None  # makes what the runs read (instances, data) before they start
@@ -325,58 +328,65 @@ def chosen_rates(cells, lora=False):
 
 
 SUITES = {
-    "sweep": Suite(sweep, ("sweep", "settings"), plot="sweep", sweep=(CELLS, MULTIPLES, "{}", SWEEP_SEEDS)),
-    "main": Suite(main, ("long", "tests", "time", "settings"), main_pairs, "curves", note=chosen_rates(CELLS)),
+    "sweep": Suite(runs=sweep, sections=("sweep", "settings"), plot="sweep", chooses_rates=True),
+    "main": Suite(
+        runs=main,
+        sections=("long", "tests", "time", "settings"),
+        pairs=main_pairs,
+        plot="curves",
+        note=chosen_rates(CELLS),
+    ),
     "instances": Suite(
-        instances,
-        ("instances", "long"),
-        instance_pairs,
-        "curves",
-        lambda name: name.split(": ")[0] + ": " + name.split(": ")[1].split()[0],
-        chosen_rates(CELLS),
+        runs=instances,
+        sections=("instances", "long"),
+        pairs=instance_pairs,
+        plot="curves",
+        group=lambda name: name.split(": ")[0] + ": " + name.split(": ")[1].split()[0],
+        note=chosen_rates(CELLS),
         with_main=True,
         prepare=lambda results, configs: build_instances(results, configs),
     ),
     "offpolicy": Suite(
-        offpolicy,
+        runs=offpolicy,
         pairs=lambda n: OFFPOLICY_PAIRS,
         plot="curves",
         group=lambda n: "off-policy GRPO",
         note=chosen_rates(CELLS),
     ),
     "ablations": Suite(
-        ablations, ("long", "tests", "time", "step 80"), lambda n: ABLATION_PAIRS, note=chosen_rates(CELLS)
+        runs=ablations,
+        sections=("long", "tests", "time", "step 80"),
+        pairs=lambda n: ABLATION_PAIRS,
+        note=chosen_rates(CELLS),
     ),
     "quality": Suite(
-        quality,
+        runs=quality,
         pairs=lambda n: QUALITY_PAIRS,
         note=lambda results, chosen: quartile_note(results) + "\n\n" + rates_line(chosen, CELLS),
         prepare=lambda results, configs: quartile_note(results),
     ),
-    "lora_sweep": Suite(
-        lora_sweep,
-        held_out="the toy's 256 validation prompts",
-        sweep=(LORA_CELLS, LORA_MULTIPLES, "{} lora", SWEEP_SEEDS),
-    ),
+    "lora_sweep": Suite(runs=lora_sweep, held_out="the toy's 256 validation prompts", chooses_rates=True),
     "lora": Suite(
-        lora, ("long", "tests", "time", "lora"), lambda n: LORA_PAIRS, note=chosen_rates(LORA_CELLS, lora=True)
+        runs=lora,
+        sections=("long", "tests", "time", "lora"),
+        pairs=lambda n: LORA_PAIRS,
+        note=chosen_rates(LORA_CELLS, lora=True),
     ),
 }
 for task in smollm2.TASKS:
-    cells = [(c, s, []) for c, s, _, _ in REAL_CELLS]
     SUITES[f"{task}_sweep"] = Suite(
-        real_sweep(task),
-        ("long", "real sweep"),
+        runs=real_sweep(task),
+        sections=("long", "real sweep"),
         held_out=f"the {task} task's 128 validation prompts (success rate)",
         start=lambda task=task: smollm2.starting(task, "valid"),
-        sweep=(cells, REAL_MULTIPLES, f"{task} {{}}", REAL_SWEEP_SEEDS),
+        chooses_rates=True,
         model="SmolLM2-135M-Instruct",
         task=task,
     )
     SUITES[task] = Suite(
-        real(task),
-        ("long", "tests", "real", "time", "answers"),
-        lambda names: REAL_PAIRS,
+        runs=real(task),
+        sections=("long", "tests", "real", "time", "answers"),
+        pairs=lambda names: REAL_PAIRS,
         held_out=f"the {task} task's 256 test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
         start=lambda task=task: smollm2.starting(task, "test"),

@@ -96,7 +96,7 @@ def test_summary_and_significance_on_known_runs(tmp_path):
         "dpo online": [0.70, 0.69, 0.72, 0.71, 0.66],
         "dpo online+humanline": [0.701, 0.699, 0.7, 0.7, 0.7],
     }
-    for name, _, flags, seeds in configs:
+    for name, _, flags, seeds, *_ in configs:
         for seed in seeds:
             wall = 100.0 if "online" in name else 20.0
             fake_run(results, "main", name, seed, [(0, 0.4), (120, finals[name][seed])], wall=wall)
@@ -149,7 +149,7 @@ def test_time_ratios_use_medians_of_cpu_time(tmp_path):
         "dpo offline+humanline": [20, 30, 20, 20, 90],
         "dpo online": [60, 60, 60, 200, 61],
     }
-    for name, _, flags, seeds in configs:
+    for name, _, flags, seeds, *_ in configs:
         for seed in seeds:
             wall = walls[name][seed]
             fake_run(results, "main", name, seed, [(120, 0.5 + 0.01 * seed)], wall=wall, cpu=wall / 2)
@@ -168,7 +168,7 @@ def test_a_table_refuses_runs_of_two_code_versions(tmp_path):
         report.report(results, "main", configs)
     report.report(results, "main", configs, mix_code=True)
     assert "5 runs of code new, old" in open(os.path.join(results, "main.md")).read()
-    (name, _, _, seeds), (other, _, _, _) = configs[0], dpo_main(results)[1]
+    (name, _, _, seeds, *_), (other, *_) = configs[0], dpo_main(results)[1]
     for seed in seeds:  # a second row, all of the old code: the table says which rows ran which version
         fake_run(results, "main", other, seed, [(120, 0.5)], code="old")
     report.report(results, "main", dpo_main(results)[:2], mix_code=True)
@@ -183,7 +183,7 @@ def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_
     )  # 0.25x-4x of 5e-6
     assert all("toy:valid" in c[2] for c in sweep) and all(c[3] == suites.SWEEP_SEEDS for c in sweep)
     means = [0.80, 0.84, 0.85, 0.86, 0.70]  # 1e-5 is best on average, though one seed of 5e-6 is the best single run
-    for (name, _, flags, seeds), mean in zip(sweep, means):
+    for (name, _, flags, seeds, *_), mean in zip(sweep, means):
         for i, seed in enumerate(seeds):
             fake_run(
                 results,
@@ -216,7 +216,7 @@ def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_
 def test_the_archive_holds_every_finished_run_byte_stably(tmp_path):
     results = str(tmp_path)
     configs = dpo_main(results)[:2]
-    for name, _, _, seeds in configs:
+    for name, _, _, seeds, *_ in configs:
         for seed in seeds[:3]:
             fake_run(results, "main", name, seed, [(0, 0.4), (120, 0.5 + seed / 100)])
     before = runner.load_runs(results, "main")
@@ -408,14 +408,14 @@ def test_quick_exercises_every_configuration(tmp_path, monkeypatch):
     full = {  # the real model's suites run only when named (and made): the toy's are every suite's code path
         (suite, name): runner.shape(script, flags)
         for suite, configs in toy({s: e.runs(quick, chosen) for s, e in suites.SUITES.items()}).items()
-        for name, script, flags, _ in configs
+        for name, script, flags, *_ in configs
     }
     assert not any(os.path.exists(os.path.join(quick, f"{task}.md")) for task in suites.smollm2.TASKS)
     ran = set()
     for suite, configs in toy(run.configurations(quick, quick=True)[0]).items():
         table = open(os.path.join(quick, f"{suite}.md")).read()
         runs = runner.load_runs(quick, suite)
-        for name, script, flags, seeds in configs:
+        for name, script, flags, seeds, *_ in configs:
             assert runner.finished(runs[runner.run_key(name, seeds[0])], 2), name
             assert f"| {name} | 1 |" in table or (suite == "sweep" and f"| {name.rsplit(' lr ', 1)[0]} |" in table)
             kept = ["args.json", "cpu_seconds", "metrics.jsonl", "wall_seconds"]  # and the last evaluation's answers
@@ -471,7 +471,7 @@ def test_new_seed_range_by_hand():
 def test_a_new_seed_is_checked_against_its_rows_range(tmp_path, monkeypatch, capsys):
     results = str(tmp_path)
     configs = [c for c in dpo_main(results) if c[0] in ("dpo offline", "dpo online")]
-    for name, _, flags, seeds in configs:
+    for name, _, flags, seeds, *_ in configs:
         for seed in seeds:
             fake_run(results, "main", name, seed, [(0, 0.4), (120, 0.80 + 0.01 * seed)])  # 0.80-0.84: range 0.772-0.868
     new = {"dpo offline": 0.85, "dpo online": 0.90}
@@ -507,12 +507,12 @@ def test_instance_tables_on_known_runs(tmp_path):
         "dpo online": [0.90, 0.91, 0.92, 0.90, 0.91],
         "dpo online+humanline": [0.90] * 5,
     }
-    for name, _, _, seeds in main:
+    for name, _, _, seeds, *_ in main:
         for seed in seeds:
             fake_run(results, "main", name, seed, [(0, 0.45), (120, finals[name][seed])])
     same = [0.700, 0.701, 0.702]  # offline+humanline = offline on instance 1: equivalent there, lower on instance 0
     finals1 = {"dpo offline": same, "dpo offline+humanline": same, "dpo online": [0.90, 0.91, 0.92]}
-    for name, _, _, seeds in inst:
+    for name, _, _, seeds, *_ in inst:
         for seed in seeds:
             fake_run(results, "instances", name, seed, [(0, 0.5), (120, finals1[name.split(": ")[1]][seed])])
     assert not os.path.exists(suites.instance_paths(results, 1).stats)  # no instance is built: the report needs none
