@@ -1,8 +1,10 @@
-"""LoRA adapters (--lora_r), their whole life in one place: added when plumbing.build_model builds the policy, the
-reference that holds no second copy of the base (with --ref_free off; the default reference-free way needs nothing of
-its own), the adapters alone in checkpoints, and the final export merged into the base (any Hugging Face tool loads
-it) beside the adapters alone. The base stays frozen in the run's precision; adapters and their optimizer state are
-fp32. Like plumbing.py and ref_free.py, it imports no script.
+"""LoRA adapters (--lora_r): what is theirs alone. Adding them to the frozen base (add_adapters), the reference that
+holds no second copy of the base (AdapterReference, with --ref_free off; the default reference-free way needs nothing
+of its own), a checkpoint's share of the weights (trained_only: the adapters) and the merge of the final export
+(merge_adapters). The rest of a run calls in here where it meets them (each such branch reads --lora_r):
+plumbing.build_model adds them; plumbing.Session saves and loads the adapters alone and exports the merged model
+beside them; memory_plan counts them; each script picks AdapterReference where it would hold a second model. The
+base stays frozen in the run's precision; adapters and their optimizer state are fp32. It imports no script.
 """
 
 import time

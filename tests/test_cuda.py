@@ -4,15 +4,14 @@ on a CPU)."""
 
 import json
 import math
-import os
 import subprocess
 
 import gpu_path_helper
 import pytest
 import runs
 import torch
+from paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FEW = runs.short(3, 16) + ["--eval_every", "3", "--precision", "bf16"]  # evaluated at the start and step 3
 RUNS = {

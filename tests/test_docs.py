@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import warm
 from documented import ROOT, commands, docstring, python_files
+from paths import SCRIPTS
 
-SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 USER_FILES = {  # what the README's "your own model" command names, as a user would have them
     "my_pairs.jsonl": json.dumps({"prompt": "Q?", "chosen": " A.", "rejected": " B."}) + "\n",
     "my_prompts.jsonl": json.dumps({"prompt": "Q?"}) + "\n",

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 import warm
 from conftest import make_session
+from paths import ROOT
 from runs import ENV
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -55,7 +56,6 @@ def session(out, policy, ref, opt, sched, tok, resume=False, step=0):
 
 
 torch.set_num_threads(1)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOG2 = math.log(2.0)
 
 

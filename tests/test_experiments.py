@@ -11,9 +11,9 @@ import threading
 import numpy as np
 import pytest
 import warm
+from paths import ROOT
 from scipy import stats
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import report  # noqa: E402
 import run  # noqa: E402

@@ -14,11 +14,11 @@ import pytest
 import torch
 import transformers
 import warm
+from paths import ROOT
 
 import dpo_humanline as dpo
 import memory_plan
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the toy tokenizer's 17 tokens fit every vocabulary below; pad 0 and eos 1 as the toy model's
 IDS = dict(vocab_size=32, pad_token_id=0, eos_token_id=1, bos_token_id=None)
 LLAMA_LIKE = dict(

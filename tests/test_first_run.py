@@ -24,6 +24,7 @@ from unittest import mock
 import gpu_path_helper
 import pytest
 import torch
+from paths import ROOT
 from test_formats import llama, local_config, parsed, train, write  # noqa: F401 (llama: a fixture, by name below)
 from transformers import AutoConfig
 
@@ -33,7 +34,6 @@ import math_rewards
 import memory_plan
 import plumbing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
 
 

@@ -21,6 +21,7 @@ import documented
 import pytest
 import runs
 import torch
+from paths import ROOT
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
@@ -31,8 +32,7 @@ import kto_humanline
 import memory_plan
 import plumbing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = {"dpo": dpo_humanline, "kto": kto_humanline, "grpo": grpo_humanline}
+ALGOS = {"dpo": dpo_humanline, "kto": kto_humanline, "grpo": grpo_humanline}
 BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 SPECIAL = [BOS, EOS, EOT, "<|start_header_id|>", "<|end_header_id|>", "<unk>"]
 TEMPLATE = (
@@ -432,7 +432,7 @@ def commands():
     return [
         (c.where, c.file.split("_")[0], c.argv, c.nproc)
         for c in documented.commands()
-        if c.file in {f"{n}_humanline.py" for n in SCRIPTS}
+        if c.file in {f"{n}_humanline.py" for n in ALGOS}
         and not any(w.startswith("my_") or w in ("--help", "--plan_only") for w in c.argv)
     ]
 
@@ -451,7 +451,7 @@ def parsed(algo, argv, world=1, rows=1000, printed=None):
     included, from the configs alone), then the run length it derives from `rows` rows of data (each a preference
     pair or a prompt; one pass without --max_steps), stopped before any model loads. What it prints goes to
     `printed`. A bad argument raises the script's own SystemExit."""
-    module = SCRIPTS[algo]
+    module = ALGOS[algo]
 
     class Loaded(Exception):
         pass

@@ -16,6 +16,7 @@ import pytest
 import runs
 import torch
 import warm
+from paths import ROOT
 from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
@@ -29,7 +30,6 @@ import dpo_humanline as dpo
 import memory_plan
 import plumbing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HELPER = os.path.join(ROOT, "tests", "support", "gpu_path_helper.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 

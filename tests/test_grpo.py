@@ -35,7 +35,6 @@ from math_rewards import default_weights as default_reward_weights
 from plumbing import sample_and_score
 
 torch.set_num_threads(1)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LO, HI = -1.5, 1.5
 
 

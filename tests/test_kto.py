@@ -17,8 +17,6 @@ import data_formats
 import kto_humanline as kto
 import toy_task
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def sigmoid(x):
     return 1 / (1 + math.exp(-x))

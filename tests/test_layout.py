@@ -25,11 +25,10 @@ from unittest import mock
 
 import pytest
 import warm
+from paths import ROOT, SCRIPTS
 
 import plumbing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 # what a reader can hold in one sitting, as ruff formats each script: a screen per phase, room for the comments that say
 # why; at most 10% of a script's lines over 100 characters, so that it reads without scrolling sideways
 BUDGET = {"dpo_humanline.py": 450, "kto_humanline.py": 500, "grpo_humanline.py": 580}

@@ -16,6 +16,7 @@ import pytest
 import runs
 import torch
 import warm
+from paths import ROOT
 from runs import ENV, records
 from safetensors.torch import load_file
 from test_performance import assert_same_training, steps
@@ -26,7 +27,6 @@ import lora
 import memory_plan
 import plumbing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LORA = ["--lora_r", "8", "--learning_rate", "2e-4"]  # a rate at which the adapters move the log-probs
 BASE = ["--batch_size", "8", "--micro_batch_size", "4", "--eval_prompts", "none", "--save_every", "0", *LORA]
 ONLINE = ["--online", "--round_size", "32"]  # about 28 pairs a round: 3 steps of 8, then a new round

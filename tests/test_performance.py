@@ -10,20 +10,19 @@ Single-process runs execute the real scripts in this process (`runpy`, exactly w
 each is then ~1 s instead of ~10 s of imports and start-up. Two-process runs go through torchrun."""
 
 import math
-import os
 import shutil
 from types import SimpleNamespace
 
 import pytest
 import runs
 import torch
+from paths import SCRIPTS
 from transformers import AutoModelForCausalLM
 
 import dpo_humanline
 import ref_free
 
 torch.set_num_threads(1)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ["--max_steps", "4", "--batch_size", "8", "--eval_prompts", "none", "--save_every", "0"]
 ACCUM = ["--micro_batch_size", "4"]  # two micro-batches per step on one process
 NOT_COMPARED = ("tokens_per_s", "online/seconds")  # and perf/*: timings and memory
@@ -66,8 +65,6 @@ def assert_same_training(a, b, n, rel=1e-5, abs_=1e-6):
 # ----------------------------------------------------------------------------------------------
 # Reference-free, any k
 # ----------------------------------------------------------------------------------------------
-
-SCRIPTS = ["dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py"]
 
 
 def steps_flags(n):

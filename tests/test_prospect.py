@@ -1,17 +1,16 @@
 """Unit tests of prospect.py against hand computations and published values."""
 
 import math
+import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import ROOT
 
 import prospect
 from prospect import capacity, subjective_utility, utility_gap_bound, value, weights
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def tk(p: float, g: float) -> float:
@@ -194,7 +193,7 @@ def test_bad_input_raises(call):
 def test_script_prints_table(tmp_path):
     out = tmp_path / "weighting.png"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "prospect.py"), "--out", str(out)],
+        [sys.executable, os.path.join(ROOT, "prospect.py"), "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=tmp_path,

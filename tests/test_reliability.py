@@ -28,6 +28,7 @@ import pytest
 import runs
 import torch
 from conftest import make_session
+from paths import ROOT, SCRIPTS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import data_formats
@@ -35,8 +36,6 @@ import plumbing
 import toy_task
 
 torch.set_num_threads(1)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py")
 MODULES = {s: importlib.import_module(s[:-3]) for s in SCRIPTS}
 ENV = runs.ENV | {"PYTHONUNBUFFERED": "1"}  # what a stopped run printed is read as it goes
 TINY = ["--batch_size", "8", "--eval_every", "0", "--num_eval_prompts", "8"]

@@ -12,8 +12,8 @@ import zipfile
 from unittest import mock
 
 import pytest
+from paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import smollm2  # noqa: E402
 

@@ -13,11 +13,11 @@ import datasets
 import pytest
 import torch
 import warm
+from paths import ROOT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import toy_task
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dataclasses.replace(
     toy_task.ToyConfig(),
     hidden_size=32,

@@ -30,6 +30,7 @@ import datasets
 import pytest
 import torch
 import trl
+from paths import ROOT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
 
@@ -38,7 +39,6 @@ import dpo_humanline
 import grpo_humanline
 import toy_task
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "your-trainer.md")
 BETA = 0.1  # DPOConfig's and the page's default
 

@@ -14,10 +14,11 @@ import sys
 
 import datasets
 import torch
+from paths import ROOT
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+
 import toy_task  # noqa: E402
 
 

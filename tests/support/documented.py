@@ -15,7 +15,7 @@ import re
 import shlex
 from typing import NamedTuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from paths import ROOT
 
 
 class Command(NamedTuple):

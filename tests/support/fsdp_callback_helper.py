@@ -17,10 +17,11 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from paths import ROOT
 from torch.distributed.fsdp import fully_shard
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+
 import toy_task  # noqa: E402
 
 

@@ -19,13 +19,14 @@ from unittest import mock
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from paths import ROOT
+
 import data_formats  # noqa: E402
 import dpo_humanline as dpo  # noqa: E402
 import memory_plan  # noqa: E402
 import plumbing  # noqa: E402
 import ref_free  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 torch.set_num_threads(1)
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from unittest import mock
 
 import warm
+from paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # a script run by a test: one thread (two run at a time on 2 cores), no process group of the test's own
 DIST = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 ENV = {k: v for k, v in os.environ.items() if k not in DIST}
