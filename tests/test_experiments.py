@@ -159,6 +159,21 @@ def test_time_ratios_use_medians_of_cpu_time(tmp_path):
     assert "| dpo offline+humanline / dpo offline | 2.00 | 2.00 |" in table
 
 
+def test_a_run_resumed_on_changed_code_counts_both_versions(tmp_path):
+    """Every attempt of a resumed run is read: one begun on old code and resumed on new code is two versions, though
+    its last attempt (and its provenance) name only the new one."""
+    results = str(tmp_path)
+    configs = dpo_main(results)[:1]
+    for seed in configs[0].seeds:
+        fake_run(results, "main", configs[0].name, seed, [(120, 0.5)], code="new")
+    path = os.path.join(results, "runs", "main", runner.run_key(configs[0].name, configs[0].seeds[0]), "args.json")
+    args = json.load(open(path))
+    args["attempts"] = [args["provenance"] | {"code": "old", "from_step": 0}, args["provenance"] | {"from_step": 60}]
+    json.dump(args, open(path, "w"))
+    with pytest.raises(SystemExit, match="2 versions of the code \\(new, old\\)"):
+        report.report(results, "main", configs)
+
+
 def test_a_table_refuses_runs_of_two_code_versions(tmp_path):
     results = str(tmp_path)
     configs = dpo_main(results)[:1]

@@ -361,6 +361,24 @@ def test_bad_rewards_are_dropped_and_counted_dpo(tmp_path, toy):
     assert math.isfinite(last["loss"]) and math.isfinite(last["eval/reward"]) and 0 < last["eval/bad_rewards"] < 8
 
 
+def test_the_scorers_get_finished_and_the_cut_share_counts_every_answer(tmp_path, toy):
+    """Every scorer is given the `finished` column (faulty_rewards.finished_only asks for it: 1 for an answer that
+    ended, 0 for one cut, and a failed reward for about one sample in four). Sampled at temperature 3 with room for
+    the toy's whole answer, some answers run past 32 tokens and are cut: the cut share is over every answer of the
+    round, the reward over those that scored. The greedy evaluation's answers all end: each scores 1."""
+    finished_only = "tests.support.faulty_rewards:finished_only"
+    flags = ["--online", "--num_generations", "4", "--sample_every", "4", "--max_new_tokens", "32"]
+    flags += ["--temperature", "3", "--top_p", "1", "--reward_funcs", finished_only, "--reward_model", finished_only]
+    run_here("grpo_humanline.py", [*runs.short(1, eval_prompts=32), *flags], tmp_path)
+    sampled, evaluated = rounds(str(tmp_path))[0], steps(str(tmp_path))[1]
+    cut, bad = sampled["online/truncated_completions"], sampled["online/bad_rewards"]
+    assert 0 < cut < 32 and 0 < bad < 32, sampled  # 32 answers: 8 prompts x 4
+    assert sampled["online/truncated_frac"] == pytest.approx(cut / 32)
+    assert 0 < sampled["online/reward"] < 1  # among the scored: some cut (0), some finished (1)
+    assert evaluated["eval/truncated_completions"] == 0 and evaluated["eval/reward"] == 1.0
+    assert 0 < evaluated["eval/bad_rewards"] < 32
+
+
 def test_bad_rewards_drop_their_group_grpo(tmp_path, toy):
     """GRPO's groups of 4: a group with a bad reward is left out whole; a faulty function beside a good one."""
     run_here(

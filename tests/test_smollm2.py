@@ -64,6 +64,15 @@ def test_the_reward_asks_for_one_sentence_a_reader_would_take(completion, want):
     assert score("start:soft" if completion.lower().startswith("soft") else "no_comma:", completion) == want
 
 
+def test_at_least_60_percent_of_an_answers_words_are_distinct():
+    """20 words: 12 distinct (60%) read as a sentence, 11 (55%) do not."""
+    distinct = "moon glows over quiet hills and dark fields tonight while stars rest".split()
+    twelve, eleven = distinct + ["moon"] * 8, distinct[:11] + ["moon"] * 9
+    assert len(twelve) == len(eleven) == 20 and len(set(twelve)) == 12 and len(set(eleven)) == 11
+    assert score("no_comma:", " ".join(twelve).capitalize() + ".") == 1.0
+    assert score("no_comma:", " ".join(eleven).capitalize() + ".") == 0.0
+
+
 def test_the_sentence_length_and_the_asked_word_have_their_bounds():
     six, five = "The pale moon rose very slowly.", "The pale moon rose slowly."
     assert score("no_comma:", six) == 1.0 and score("no_comma:", five) == 0.0

@@ -108,3 +108,9 @@ def fails_all_but_one(prompts, completions, **columns):
         None if p in prompts[i + 1 :] else toy_task.reward([p], [c])[0]
         for i, (p, c) in enumerate(zip(prompts, completions))
     ]
+
+
+def finished_only(prompts, completions, finished, **columns):
+    """1.0 for an answer that ended on its own, 0.0 for one cut at the token limit (the `finished` column the scripts
+    pass every scorer), and a failed reward (None) for about one sample in four, fixed by its text."""
+    return [None if kind(p, c) % 4 == 0 else float(f) for p, c, f in zip(prompts, completions, finished)]
