@@ -153,27 +153,18 @@ def code_versions(rows):
 
 
 def choose_rates(results):
-    """variant -> its learning rate, chosen by best_rates from the finished runs of every sweep suite. Keys: the toy's
-    variants, "<variant> lora", "<task> <variant>"."""
+    """variant -> its learning rate, chosen by suites.best_rates from the finished runs of every sweep suite. Keys: the
+    toy's variants, "<variant> lora", "<task> <variant>"."""
     chosen = {}
     for suite, entry in suites.SUITES.items():
         if entry.chooses_rates:
-            configs = entry.runs(results, {})
-            chosen |= best_rates(configs, summarize(runner.load_runs(results, suite), configs))
+            chosen |= suites.best_rates(entry.runs(results, {}), suites.final_rewards(results, suite))
     return chosen
 
 
-def best_rates(configs, rows):
-    """The one chooser of rates: per variant of a sweep's configurations, the rate whose row has the highest mean
-    validation reward, once every rate has finished every seed (a rate chosen from partial data could still change);
-    a variant not complete yet is left out."""
-    by, chosen = {r["config"]: r for r in rows}, {}
-    for variant in dict.fromkeys(c.variant for c in configs):
-        mine = [c for c in configs if c.variant == variant]
-        found = [by.get(c.name) for c in mine]
-        if all(r and r["seeds"] == len(c.seeds) for r, c in zip(found, mine)):
-            chosen[variant] = mine[int(np.argmax([r["reward"][0] for r in found]))].rate
-    return chosen
+def best_rates(configs, rows):  # suites.best_rates of a table's rows
+    by = {r["config"]: r for r in rows}
+    return suites.best_rates(configs, lambda c: by[c.name]["rewards"] if c.name in by else [])
 
 
 def at_rates(configs, rows):

@@ -11,8 +11,11 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import runner  # noqa: E402
 import smollm2  # noqa: E402
 
 import toy_task  # noqa: E402
@@ -24,7 +27,7 @@ class Config(NamedTuple):  # one configuration of a suite: its runs are one per 
     flags: list  # the script's, its learning rate's included
     seeds: tuple
     variant: str = None  # a sweep's: the variant ("dpo offline", "addition dpo offline") whose rate it measures
-    rate: float = None  # a sweep's: the learning rate it measures (report.best_rates chooses among a variant's)
+    rate: float = None  # a sweep's: the learning rate it measures (best_rates chooses among a variant's)
 
 
 # the paper's learning rates (its Table 3) per objective and mode; a humanline variant starts from its mode's rate
@@ -73,6 +76,31 @@ def rates_line(chosen, cells, lora=False):
     rates = [(c, r) for c, r in chosen.items() if c.removesuffix(" lora") in names and (lora or c in names)]
     listed = ", ".join(f"{c} {r:g}" for c, r in rates) or "none yet"
     return f"Learning rates chosen on the validation prompts (the sweep{' and lora_sweep' * lora}): {listed}."
+
+
+def best_rates(configs, rewards):
+    """The one chooser of rates: per variant of a sweep's configurations, the rate with the highest mean final
+    validation reward (the first of equals), once every rate has finished every seed (a rate chosen from partial data
+    could still change); a variant not complete yet is left out. rewards(config): its finished seeds' final rewards."""
+    chosen = {}
+    for variant in dict.fromkeys(c.variant for c in configs):
+        mine = [c for c in configs if c.variant == variant]
+        found = [rewards(c) for c in mine]
+        if all(len(r) == len(c.seeds) for r, c in zip(found, mine)):
+            chosen[variant] = mine[int(np.argmax([np.mean(r) for r in found]))].rate
+    return chosen
+
+
+def final_rewards(results, suite):
+    """config -> the final held-out rewards of its finished seeds in a suite's runs (as report.summarize reads them)."""
+    runs = runner.load_runs(results, suite)
+
+    def rewards(c):
+        done = [runs.get(runner.run_key(c.name, seed)) for seed in c.seeds]
+        done = [r for r in done if runner.finished(r, runner.max_steps_of(c.flags))]
+        return [[r for r in runner.records(run) if "eval/reward" in r][-1]["eval/reward"] for run in done]
+
+    return rewards
 
 
 # ---- the toy's suites ------------------------------------------------------------------------------------------------
@@ -250,6 +278,96 @@ def real(task):
     return runs
 
 
+# ---- the second study (docs/results.md: its plan): GRPO's anchor, DPO's pair and off-policy GRPO, on addition --------
+STUDY_SWEEP_SEEDS = (100, 101)  # two seeds at every rate
+STUDY_ARMS = {  # arm: (objective, mode, its flags beyond smollm2.flags' for the mode, its rates x the paper's)
+    "grpo offline": ("grpo", "offline", [], (1, 4, 16, 64)),
+    "grpo offline+humanline": ("grpo", "offline+humanline", [], (1, 4, 16, 64)),
+    "grpo offline, no anchor": ("grpo", "offline", ["--beta", "0", "--eps", "1e9"], (1, 4, 16, 64)),  # the control
+    "dpo offline": ("dpo", "offline", [], (1, 4, 16)),
+    "dpo offline+humanline": ("dpo", "offline+humanline", [], (1, 4, 16)),
+}
+OFFPOLICY_SHAPE = ["--num_generations", "8", "--batch_size", "16", "--max_steps", "64"]  # 2 prompts x 8, 64 steps
+OFF16 = ["--sample_every", "16"]
+STUDY_ARMS |= {
+    "grpo online, N = 1": ("grpo", "online", OFFPOLICY_SHAPE, (4, 16)),
+    "grpo off-policy, N = 16": ("grpo", "online", OFFPOLICY_SHAPE + OFF16, (4, 16)),
+    "grpo off-policy+humanline, N = 16, k = 1": ("grpo", "online", OFFPOLICY_SHAPE + OFF16 + ["--humanline"], (4, 16)),
+    "grpo off-policy+humanline, N = 16, k = 4": (
+        "grpo",
+        "online",
+        OFFPOLICY_SHAPE + OFF16 + ["--humanline", "--sync_every", "4"],
+        (4, 16),
+    ),
+}
+ANCHOR_ARMS, OFFPOLICY_ARMS = list(STUDY_ARMS)[:5], list(STUDY_ARMS)[5:]
+ANCHOR_PAIRS = [("grpo offline+humanline", "grpo offline"), ("grpo offline+humanline", "grpo offline, no anchor")]
+ANCHOR_PAIRS += [("grpo offline, no anchor", "grpo offline"), ("dpo offline+humanline", "dpo offline")]
+ONLINE, OFF, HL1, HL4 = OFFPOLICY_ARMS
+STUDY_OFFPOLICY_PAIRS = [(OFF, ONLINE), (HL1, OFF), (HL4, OFF), (HL1, ONLINE), (HL4, ONLINE)]
+
+
+def study_flags(arm, split="test", n=256):
+    """An arm's flags: the addition task's for its objective and mode, the arm's own in place of those they set."""
+    algo, mode, more, _ = STUDY_ARMS[arm]
+    flags = smollm2.flags("addition", algo, mode, split, n)
+    for name, value in zip(more, more[1:] + ["--"]):
+        flags = runner.strip(flags, name) if name.startswith("--") and not value.startswith("--") else flags
+    return flags + more
+
+
+def study_sweep(arms, suite):
+    def runs(results, chosen):  # each arm at each rate of its grid, grown past an edge that wins (grown)
+        out = []
+        for arm in arms:
+            algo, mode, _, multiples = STUDY_ARMS[arm]
+            flags, paper = study_flags(arm, "valid", 128), PAPER_LR[f"{algo} {mode.split('+')[0]}"]
+
+            def make(m, arm=arm, flags=flags, paper=paper):
+                return Config(
+                    f"{arm} lr {m * paper:g}",
+                    f"{algo}_humanline.py",
+                    flags + lr_flags(m * paper),
+                    STUDY_SWEEP_SEEDS,
+                    f"study: {arm}",
+                    m * paper,
+                )
+
+            out += grown(results, suite, make, multiples)
+        return out
+
+    return runs
+
+
+def grown(results, suite, make, multiples):
+    """A variant's sweep configurations (make(multiple) -> Config) on its grid, grown by one rate 4x past an edge that
+    won with every seed, until a rate inside wins or the grid reaches 1/4x or 256x the paper's (the plan's rule)."""
+    multiples, rewards = sorted(multiples), final_rewards(results, suite)
+    while True:
+        configs = [make(m) for m in multiples]
+        best = best_rates(configs, rewards).get(configs[0].variant)
+        at = None if best is None else [c.rate for c in configs].index(best)
+        if at == len(configs) - 1 and multiples[-1] < 256:
+            multiples.append(multiples[-1] * 4)
+        elif at == 0 and multiples[0] > 0.25:
+            multiples.insert(0, multiples[0] / 4)
+        else:
+            return configs
+
+
+def study(arms, seeds):
+    def runs(results, chosen):  # each arm at its rate chosen on validation, on the test prompts
+        return [
+            Config(
+                arm, f"{STUDY_ARMS[arm][0]}_humanline.py", study_flags(arm) + lr_flags(chosen[f"study: {arm}"]), seeds
+            )
+            for arm in arms
+            if f"study: {arm}" in chosen
+        ]
+
+    return runs
+
+
 # ---- the registry ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Suite:
@@ -393,6 +511,20 @@ for task in smollm2.TASKS:
         model="SmolLM2-135M-Instruct",
         task=task,
     )
+
+
+STUDY = dict(model="SmolLM2-135M-Instruct", task="addition", start=lambda: smollm2.starting("addition", "test"))
+SWEPT = dict(sections=("long", "real sweep"), chooses_rates=True, model="SmolLM2-135M-Instruct", task="addition")
+SWEPT |= dict(held_out="the addition task's 128 validation prompts (success rate)")
+SWEPT |= dict(start=lambda: smollm2.starting("addition", "valid"))
+COMPARED = dict(sections=("long", "tests", "real", "time", "answers"), margin=0.05, **STUDY)
+COMPARED |= dict(held_out="the addition task's 256 test prompts (success rate)")
+SUITES["anchor_sweep"] = Suite(runs=study_sweep(ANCHOR_ARMS, "anchor_sweep"), **SWEPT)
+SUITES["anchor"] = Suite(runs=study(ANCHOR_ARMS, tuple(range(10))), pairs=lambda names: ANCHOR_PAIRS, **COMPARED)
+SUITES["offpolicy_addition_sweep"] = Suite(runs=study_sweep(OFFPOLICY_ARMS, "offpolicy_addition_sweep"), **SWEPT)
+SUITES["offpolicy_addition"] = Suite(
+    runs=study(OFFPOLICY_ARMS, tuple(range(5))), pairs=lambda names: STUDY_OFFPOLICY_PAIRS, **COMPARED
+)
 
 
 def quartile_note(results):

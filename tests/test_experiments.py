@@ -662,3 +662,40 @@ def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path,
         i = rows.index(row)
         said = f"- {row['prompt'][-1]['content']} → 'answer {i}' ({i % 2}{', cut' * (i == 0)})"
         assert table.count(said + "\n") == len(configs[0].seeds)
+
+
+def test_the_second_studys_sweep_grows_its_grid_past_an_edge_that_wins(tmp_path):
+    """The plan's rule (docs/results.md): each arm's rates on the validation prompts with 2 seeds each; where the top
+    rate wins, the grid grows by one rate 4x above it, and nothing is chosen until that rate has run every seed."""
+    results, arm = str(tmp_path), "grpo offline, no anchor"
+    key = f"study: {arm}"
+    mine = [c for c in suites.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]
+    assert [c.rate for c in mine] == pytest.approx([5e-6, 2e-5, 8e-5, 3.2e-4])
+    assert all(c.seeds == (100, 101) and "--beta 0 --eps 1e9" in " ".join(c.flags) for c in mine)
+    assert all(suites.smollm2.data("addition", "valid") in c.flags and runner.max_steps_of(c.flags) == 32 for c in mine)
+    for c, reward in zip(mine, (0.1, 0.2, 0.3, 0.4)):  # the top of the grid wins
+        for seed in c.seeds:
+            fake_run(results, "anchor_sweep", c.name, seed, [(32, reward)], quality=True)
+    grown = [c for c in suites.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]
+    assert [c.rate for c in grown] == pytest.approx([5e-6, 2e-5, 8e-5, 3.2e-4, 1.28e-3])
+    assert key not in report.choose_rates(results)  # 1.28e-3 has not run yet
+    for seed in grown[-1].seeds:  # it runs, and the rate inside wins: the grid stops growing
+        fake_run(results, "anchor_sweep", grown[-1].name, seed, [(32, 0.35)], quality=True)
+    chosen = report.choose_rates(results)
+    assert chosen[key] == pytest.approx(3.2e-4) and len(suites.SUITES["anchor_sweep"].runs(results, {})) == 19
+    compared = {c.name: c for c in suites.SUITES["anchor"].runs(results, chosen)}
+    assert list(compared) == [arm] and compared[arm].seeds == tuple(range(10))
+    assert suites.smollm2.data("addition", "test") in compared[arm].flags
+    assert suites.rate_of(compared[arm].flags) == pytest.approx(3.2e-4)
+
+
+def test_the_second_studys_off_policy_arms_sample_every_16_steps_for_64(tmp_path):
+    chosen = {f"study: {arm}": 2e-5 for arm in suites.STUDY_ARMS}
+    arms = {c.name: c for c in suites.SUITES["offpolicy_addition"].runs(str(tmp_path), chosen)}
+    assert list(arms) == suites.OFFPOLICY_ARMS and all(c.seeds == (0, 1, 2, 3, 4) for c in arms.values())
+    for name, c in arms.items():
+        shape = " ".join(c.flags)
+        assert runner.max_steps_of(c.flags) == 64 and "--num_generations 8 --batch_size 16" in shape
+        assert shape.count("--max_steps") == shape.count("--batch_size") == 1
+        assert ("--sample_every 16" in shape) == ("N = 16" in name) and ("--humanline" in shape) == ("k = " in name)
+        assert ("--sync_every 4" in shape) == name.endswith("k = 4")
