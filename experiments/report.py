@@ -454,19 +454,25 @@ def instance_tables(rows, main_rows):
 
 # ---- the report ------------------------------------------------------------------------------------------------------
 def real_sweep_table(rows, ctx):
-    """The real model's sweep: validation success (and cut share) at each rate, x the paper's, and the rate chosen."""
-    task, at, chosen = ctx.entry.task, at_rates(ctx.configs, rows), best_rates(ctx.configs, rows)
+    """A real model's sweep: validation success (and cut share) at each rate, x the paper's, and the rate chosen."""
+    task, (prefix, arms) = ctx.entry.task, ctx.entry.arms
+    at, chosen = at_rates(ctx.configs, rows), best_rates(ctx.configs, rows)
+    keys = {name: f"{task} {prefix}{name}" for name in arms}
+    tried = [
+        round(c.rate / suites.arm_lr(arm), 6) for n, arm in arms.items() for c in ctx.configs if c.variant == keys[n]
+    ]
+    multiples = sorted(set(tried))
     lines = [
         "",
         "Validation success (cut share) at each learning rate, x the paper's rate for that variant, and the one",
     ]
-    lines += ["chosen:", "", *header("variant | " + " | ".join(f"{m:g}x" for m in suites.REAL_MULTIPLES) + " | chosen")]
-    for cell, _, _, _ in suites.REAL_CELLS:
-        rates = [f"{m * paper_lr(cell):g}" for m in suites.REAL_MULTIPLES]
-        found = [at.get((f"{task} {cell}", rate)) for rate in rates]
+    lines += ["chosen:", "", *header("variant | " + " | ".join(f"{m:g}x" for m in multiples) + " | chosen")]
+    for name, arm in arms.items():
+        rates, key = [f"{m * suites.arm_lr(arm):g}" for m in multiples], keys[name]
+        found = [at.get((key, rate)) for rate in rates]
         cells = [f"{c['reward'][0]:.3f} ({c['cut'][0]:.2f}) at {rate}" if c else "" for c, rate in zip(found, rates)]
-        best = chosen.get(f"{task} {cell}")
-        lines.append(f"| {cell} | " + " | ".join(cells) + f" | {'not yet' if best is None else f'{best:g}'} |")
+        best = chosen.get(key)
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {'not yet' if best is None else f'{best:g}'} |")
     return lines
 
 

@@ -66,7 +66,7 @@ def configurations(results, quick):
         return {name: entry.runs(results, chosen) for name, entry in suites.SUITES.items()}, chosen
     chosen = {c: suites.paper_lr(c) for c, _, _ in suites.CELLS}
     chosen |= {f"{c} lora": suites.paper_lr(c) for c, _, _ in suites.LORA_CELLS}
-    chosen |= {f"{task} {c}": suites.paper_lr(c) for task in suites.smollm2.TASKS for c, *_ in suites.REAL_CELLS}
+    chosen |= {f"{task} {c}": suites.paper_lr(c) for task in suites.smollm2.TASKS for c in suites.REAL_ARMS}
     seen, out = set(), {}
     for name in sorted(suites.SUITES, key=lambda n: n != "main"):  # main first: the sweep adds no new path
         entry = suites.SUITES[name]

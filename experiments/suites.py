@@ -52,10 +52,11 @@ LORA_RANK = ["--lora_r", "8"]
 LORA_MULTIPLES = (2.5, 5, 10, 20, 40)
 LORA_CELLS = [c for c in CELLS if c[0].split()[0] in ("dpo", "grpo") and c[0].split()[1] != "online+humanline"]
 # the real model: each task's variants, rates 1x, 4x and 16x the paper's, one seed each in the sweep (the budget's)
-REAL_MODES = ("offline", "offline+humanline", "online")
-REAL_CELLS = [(f"{a} {m}", f"{a}_humanline.py", a, m) for a in ("dpo", "kto", "grpo") for m in REAL_MODES]
-REAL_MULTIPLES, REAL_SWEEP_SEEDS = (1, 4, 16), (100,)
+REAL_MODES, REAL_MULTIPLES, REAL_SWEEP_SEEDS = ("offline", "offline+humanline", "online"), (1, 4, 16), (100,)
 REAL_SEEDS = {"dpo": SEEDS, "kto": FEW_SEEDS, "grpo": SEEDS}  # KTO's cut first, as the budget allows
+# an arm of a real-model study: (objective, mode, its flags beyond smollm2.flags' for the mode, the multiples of the
+# paper's rate its sweep tries, its seeds in the comparison)
+REAL_ARMS = {f"{a} {m}": (a, m, [], REAL_MULTIPLES, REAL_SEEDS[a]) for a in ("dpo", "kto", "grpo") for m in REAL_MODES}
 
 
 def paper_lr(cell):
@@ -253,95 +254,56 @@ def quartile_file(results, q):
 
 
 # ---- the real model's suites -----------------------------------------------------------------------------------------
-def real_sweep(task):
-    def runs(results, chosen):  # each variant at each rate, on the validation prompts
+def arm_lr(arm):  # the paper's rate for an arm's objective and mode
+    return PAPER_LR[f"{arm[0]} {arm[1].split('+')[0]}"]
+
+
+def arm_flags(task, arm, split="test", n=256):
+    """An arm's flags: the task's for its objective and mode, the arm's own in place of those they set."""
+    algo, mode, more, *_ = arm
+    flags = smollm2.flags(task, algo, mode, split, n)
+    for name, value in zip(more, more[1:] + ["--"]):
+        flags = runner.strip(flags, name) if name.startswith("--") and not value.startswith("--") else flags
+    return flags + more
+
+
+def real_sweep(task, arms, seeds, prefix="", grow=None):
+    """A real model's sweep: each arm at each rate of its grid, on the validation prompts (`grow`, the suite's name:
+    the grid grown past an edge that wins). An arm's rate is chosen as "<task> <prefix><arm>"."""
+
+    def runs(results, chosen):
         out = []
-        for cell, script, algo, mode in REAL_CELLS:
-            flags = smollm2.flags(task, algo, mode, "valid", 128)
-            for lr in [m * paper_lr(cell) for m in REAL_MULTIPLES]:
-                name, variant = f"{task} {cell} lr {lr:g}", f"{task} {cell}"
-                out.append(Config(name, script, flags + lr_flags(lr), REAL_SWEEP_SEEDS, variant, lr))
+        for name, arm in arms.items():
+            flags, key = arm_flags(task, arm, "valid", 128), f"{task} {prefix}{name}"
+
+            def make(m, arm=arm, flags=flags, key=key, name=name):
+                rate = m * arm_lr(arm)
+                return Config(
+                    f"{task} {name} lr {rate:g}", f"{arm[0]}_humanline.py", flags + lr_flags(rate), seeds, key, rate
+                )
+
+            out += grown(results, grow, make, arm[3]) if grow else [make(m) for m in arm[3]]
         return out
 
     return runs
 
 
-def real(task):
-    def runs(results, chosen):  # each variant at its rate chosen on the validation prompts
+def real(task, arms, prefix=""):
+    def runs(results, chosen):  # each arm at its rate chosen on the validation prompts, on the test prompts
         return [
-            Config(cell, script, smollm2.flags(task, algo, mode) + lr_flags(chosen[key]), REAL_SEEDS[algo])
-            for cell, script, algo, mode in REAL_CELLS
-            for key in [f"{task} {cell}"]
+            Config(name, f"{arm[0]}_humanline.py", arm_flags(task, arm) + lr_flags(chosen[key]), arm[4])
+            for name, arm in arms.items()
+            for key in [f"{task} {prefix}{name}"]
             if key in chosen
         ]
 
     return runs
 
 
-# ---- the second study (docs/results.md: its plan): GRPO's anchor, DPO's pair and off-policy GRPO, on addition --------
-STUDY_SWEEP_SEEDS = (100, 101)  # two seeds at every rate
-STUDY_ARMS = {  # arm: (objective, mode, its flags beyond smollm2.flags' for the mode, its rates x the paper's)
-    "grpo offline": ("grpo", "offline", [], (1, 4, 16, 64)),
-    "grpo offline+humanline": ("grpo", "offline+humanline", [], (1, 4, 16, 64)),
-    "grpo offline, no anchor": ("grpo", "offline", ["--beta", "0", "--eps", "1e9"], (1, 4, 16, 64)),  # the control
-    "dpo offline": ("dpo", "offline", [], (1, 4, 16)),
-    "dpo offline+humanline": ("dpo", "offline+humanline", [], (1, 4, 16)),
-}
-OFFPOLICY_SHAPE = ["--num_generations", "8", "--batch_size", "16", "--max_steps", "64"]  # 2 prompts x 8, 64 steps
-OFF16 = ["--sample_every", "16"]
-STUDY_ARMS |= {
-    "grpo online, N = 1": ("grpo", "online", OFFPOLICY_SHAPE, (4, 16)),
-    "grpo off-policy, N = 16": ("grpo", "online", OFFPOLICY_SHAPE + OFF16, (4, 16)),
-    "grpo off-policy+humanline, N = 16, k = 1": ("grpo", "online", OFFPOLICY_SHAPE + OFF16 + ["--humanline"], (4, 16)),
-    "grpo off-policy+humanline, N = 16, k = 4": (
-        "grpo",
-        "online",
-        OFFPOLICY_SHAPE + OFF16 + ["--humanline", "--sync_every", "4"],
-        (4, 16),
-    ),
-}
-ANCHOR_ARMS, OFFPOLICY_ARMS = list(STUDY_ARMS)[:5], list(STUDY_ARMS)[5:]
-ANCHOR_PAIRS = [("grpo offline+humanline", "grpo offline"), ("grpo offline+humanline", "grpo offline, no anchor")]
-ANCHOR_PAIRS += [("grpo offline, no anchor", "grpo offline"), ("dpo offline+humanline", "dpo offline")]
-ONLINE, OFF, HL1, HL4 = OFFPOLICY_ARMS
-STUDY_OFFPOLICY_PAIRS = [(OFF, ONLINE), (HL1, OFF), (HL4, OFF), (HL1, ONLINE), (HL4, ONLINE)]
-
-
-def study_flags(arm, split="test", n=256):
-    """An arm's flags: the addition task's for its objective and mode, the arm's own in place of those they set."""
-    algo, mode, more, _ = STUDY_ARMS[arm]
-    flags = smollm2.flags("addition", algo, mode, split, n)
-    for name, value in zip(more, more[1:] + ["--"]):
-        flags = runner.strip(flags, name) if name.startswith("--") and not value.startswith("--") else flags
-    return flags + more
-
-
-def study_sweep(arms, suite):
-    def runs(results, chosen):  # each arm at each rate of its grid, grown past an edge that wins (grown)
-        out = []
-        for arm in arms:
-            algo, mode, _, multiples = STUDY_ARMS[arm]
-            flags, paper = study_flags(arm, "valid", 128), PAPER_LR[f"{algo} {mode.split('+')[0]}"]
-
-            def make(m, arm=arm, flags=flags, paper=paper):
-                return Config(
-                    f"{arm} lr {m * paper:g}",
-                    f"{algo}_humanline.py",
-                    flags + lr_flags(m * paper),
-                    STUDY_SWEEP_SEEDS,
-                    f"study: {arm}",
-                    m * paper,
-                )
-
-            out += grown(results, suite, make, multiples)
-        return out
-
-    return runs
-
-
 def grown(results, suite, make, multiples):
     """A variant's sweep configurations (make(multiple) -> Config) on its grid, grown by one rate 4x past an edge that
-    won with every seed, until a rate inside wins or the grid reaches 1/4x or 256x the paper's (the plan's rule)."""
+    won with every seed, until a rate inside wins or the grid reaches 1/4x or 256x the paper's (the second study's
+    rule: docs/results.md)."""
     multiples, rewards = sorted(multiples), final_rewards(results, suite)
     while True:
         configs = [make(m) for m in multiples]
@@ -355,17 +317,39 @@ def grown(results, suite, make, multiples):
             return configs
 
 
-def study(arms, seeds):
-    def runs(results, chosen):  # each arm at its rate chosen on validation, on the test prompts
-        return [
-            Config(
-                arm, f"{STUDY_ARMS[arm][0]}_humanline.py", study_flags(arm) + lr_flags(chosen[f"study: {arm}"]), seeds
-            )
-            for arm in arms
-            if f"study: {arm}" in chosen
-        ]
-
-    return runs
+# ---- the second study (docs/results.md: its plan): GRPO's anchor, DPO's pair and off-policy GRPO, on addition --------
+STUDY, STUDY_SWEEP_SEEDS = "second study: ", (100, 101)  # its rates' keys: "addition second study: <arm>"
+ANCHOR_ARMS = {
+    "grpo offline": ("grpo", "offline", [], (1, 4, 16, 64), tuple(range(10))),
+    "grpo offline+humanline": ("grpo", "offline+humanline", [], (1, 4, 16, 64), tuple(range(10))),
+    # the control: no KL term and a ratio clip that never binds, the reference frozen at the start
+    "grpo offline, no anchor": ("grpo", "offline", ["--beta", "0", "--eps", "1e9"], (1, 4, 16, 64), tuple(range(10))),
+    "dpo offline": ("dpo", "offline", [], (1, 4, 16), tuple(range(10))),
+    "dpo offline+humanline": ("dpo", "offline+humanline", [], (1, 4, 16), tuple(range(10))),
+}
+SHAPE, N16 = ["--num_generations", "8", "--batch_size", "16", "--max_steps", "64"], ["--sample_every", "16"]  # 2 x 8
+OFFPOLICY_ARMS = {
+    "grpo online, N = 1": ("grpo", "online", SHAPE, (4, 16), tuple(range(5))),
+    "grpo off-policy, N = 16": ("grpo", "online", SHAPE + N16, (4, 16), tuple(range(5))),
+    "grpo off-policy+humanline, N = 16, k = 1": (
+        "grpo",
+        "online",
+        SHAPE + N16 + ["--humanline"],
+        (4, 16),
+        tuple(range(5)),
+    ),
+    "grpo off-policy+humanline, N = 16, k = 4": (
+        "grpo",
+        "online",
+        SHAPE + N16 + ["--humanline", "--sync_every", "4"],
+        (4, 16),
+        tuple(range(5)),
+    ),
+}
+ANCHOR_PAIRS = [("grpo offline+humanline", "grpo offline"), ("grpo offline+humanline", "grpo offline, no anchor")]
+ANCHOR_PAIRS += [("grpo offline, no anchor", "grpo offline"), ("dpo offline+humanline", "dpo offline")]
+ONLINE, OFF, HL1, HL4 = OFFPOLICY_ARMS
+STUDY_OFFPOLICY_PAIRS = [(OFF, ONLINE), (HL1, OFF), (HL4, OFF), (HL1, ONLINE), (HL4, ONLINE)]
 
 
 # ---- the registry ----------------------------------------------------------------------------------------------------
@@ -385,6 +369,7 @@ class Suite:
     task: str = None  # the real model's task: runs only when named; its runs checkpoint and measure quality
     prepare: Callable = lambda results, configs: None  # makes what the runs read (instances, data) before they start
     with_main: bool = False  # its table reads the main suite's rows too (their code counts in its provenance)
+    arms: tuple = None  # a real model's sweep: (the prefix of its rates' keys, its arms), for its table
 
 
 def toy_start(split):
@@ -493,7 +478,8 @@ SUITES = {
 }
 for task in smollm2.TASKS:
     SUITES[f"{task}_sweep"] = Suite(
-        runs=real_sweep(task),
+        runs=real_sweep(task, REAL_ARMS, REAL_SWEEP_SEEDS),
+        arms=("", REAL_ARMS),
         sections=("long", "real sweep"),
         held_out=f"the {task} task's 128 validation prompts (success rate)",
         start=lambda task=task: smollm2.starting(task, "valid"),
@@ -502,7 +488,7 @@ for task in smollm2.TASKS:
         task=task,
     )
     SUITES[task] = Suite(
-        runs=real(task),
+        runs=real(task, REAL_ARMS),
         sections=("long", "tests", "real", "time", "answers"),
         pairs=lambda names: REAL_PAIRS,
         held_out=f"the {task} task's 256 test prompts (success rate)",
@@ -519,12 +505,13 @@ SWEPT |= dict(held_out="the addition task's 128 validation prompts (success rate
 SWEPT |= dict(start=lambda: smollm2.starting("addition", "valid"))
 COMPARED = dict(sections=("long", "tests", "real", "time", "answers"), margin=0.05, **STUDY)
 COMPARED |= dict(held_out="the addition task's 256 test prompts (success rate)")
-SUITES["anchor_sweep"] = Suite(runs=study_sweep(ANCHOR_ARMS, "anchor_sweep"), **SWEPT)
-SUITES["anchor"] = Suite(runs=study(ANCHOR_ARMS, tuple(range(10))), pairs=lambda names: ANCHOR_PAIRS, **COMPARED)
-SUITES["offpolicy_addition_sweep"] = Suite(runs=study_sweep(OFFPOLICY_ARMS, "offpolicy_addition_sweep"), **SWEPT)
-SUITES["offpolicy_addition"] = Suite(
-    runs=study(OFFPOLICY_ARMS, tuple(range(5))), pairs=lambda names: STUDY_OFFPOLICY_PAIRS, **COMPARED
-)
+for name, arms, pairs in (
+    ("anchor", ANCHOR_ARMS, ANCHOR_PAIRS),
+    ("offpolicy_addition", OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS),
+):
+    sweep = real_sweep("addition", arms, STUDY_SWEEP_SEEDS, STUDY, grow=f"{name}_sweep")
+    SUITES[f"{name}_sweep"] = Suite(runs=sweep, arms=(STUDY, arms), **SWEPT)
+    SUITES[name] = Suite(runs=real("addition", arms, STUDY), pairs=lambda names, p=pairs: p, **COMPARED)
 
 
 def quartile_note(results):

@@ -599,7 +599,7 @@ def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_t
     for c, reward in zip(dpo, (0.30, 0.45, 0.20)):
         fake_run(results, "addition_sweep", c.name, c.seeds[0], [(32, reward)], quality=True)
     assert report.choose_rates(results) == {"addition dpo offline": 2e-5}
-    chosen = {f"addition {cell}": 1e-5 for cell, *_ in suites.REAL_CELLS}
+    chosen = {f"addition {cell}": 1e-5 for cell in suites.REAL_ARMS}
     main = {c.name: c for c in suites.SUITES["addition"].runs(results, chosen)}
     test = "experiments/smollm2/addition/test.jsonl"
     assert all(c.seeds == ((0, 1, 2) if c.script.startswith("kto") else (0, 1, 2, 3, 4)) for c in main.values())
@@ -668,7 +668,7 @@ def test_the_second_studys_sweep_grows_its_grid_past_an_edge_that_wins(tmp_path)
     """The plan's rule (docs/results.md): each arm's rates on the validation prompts with 2 seeds each; where the top
     rate wins, the grid grows by one rate 4x above it, and nothing is chosen until that rate has run every seed."""
     results, arm = str(tmp_path), "grpo offline, no anchor"
-    key = f"study: {arm}"
+    key = f"addition {suites.STUDY}{arm}"
     mine = [c for c in suites.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]
     assert [c.rate for c in mine] == pytest.approx([5e-6, 2e-5, 8e-5, 3.2e-4])
     assert all(c.seeds == (100, 101) and "--beta 0 --eps 1e9" in " ".join(c.flags) for c in mine)
@@ -690,9 +690,9 @@ def test_the_second_studys_sweep_grows_its_grid_past_an_edge_that_wins(tmp_path)
 
 
 def test_the_second_studys_off_policy_arms_sample_every_16_steps_for_64(tmp_path):
-    chosen = {f"study: {arm}": 2e-5 for arm in suites.STUDY_ARMS}
+    chosen = {f"addition {suites.STUDY}{arm}": 2e-5 for arm in suites.OFFPOLICY_ARMS}
     arms = {c.name: c for c in suites.SUITES["offpolicy_addition"].runs(str(tmp_path), chosen)}
-    assert list(arms) == suites.OFFPOLICY_ARMS and all(c.seeds == (0, 1, 2, 3, 4) for c in arms.values())
+    assert list(arms) == list(suites.OFFPOLICY_ARMS) and all(c.seeds == (0, 1, 2, 3, 4) for c in arms.values())
     for name, c in arms.items():
         shape = " ".join(c.flags)
         assert runner.max_steps_of(c.flags) == 64 and "--num_generations 8 --batch_size 16" in shape
