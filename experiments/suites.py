@@ -319,37 +319,28 @@ def grown(results, suite, make, multiples):
 
 # ---- the second study (docs/results.md: its plan): GRPO's anchor, DPO's pair and off-policy GRPO, on addition --------
 STUDY, STUDY_SWEEP_SEEDS = "second study: ", (100, 101)  # its rates' keys: "addition second study: <arm>"
+TEN, FIVE, GRID = tuple(range(10)), tuple(range(5)), (1, 4, 16, 64)
 ANCHOR_ARMS = {
-    "grpo offline": ("grpo", "offline", [], (1, 4, 16, 64), tuple(range(10))),
-    "grpo offline+humanline": ("grpo", "offline+humanline", [], (1, 4, 16, 64), tuple(range(10))),
+    "grpo offline": ("grpo", "offline", [], GRID, TEN),
+    "grpo offline+humanline": ("grpo", "offline+humanline", [], GRID, TEN),
     # the control: no KL term and a ratio clip that never binds, the reference frozen at the start
-    "grpo offline, no anchor": ("grpo", "offline", ["--beta", "0", "--eps", "1e9"], (1, 4, 16, 64), tuple(range(10))),
-    "dpo offline": ("dpo", "offline", [], (1, 4, 16), tuple(range(10))),
-    "dpo offline+humanline": ("dpo", "offline+humanline", [], (1, 4, 16), tuple(range(10))),
+    "grpo offline, no anchor": ("grpo", "offline", ["--beta", "0", "--eps", "1e9"], GRID, TEN),
+    "dpo offline": ("dpo", "offline", [], (1, 4, 16), TEN),
+    "dpo offline+humanline": ("dpo", "offline+humanline", [], (1, 4, 16), TEN),
 }
-SHAPE, N16 = ["--num_generations", "8", "--batch_size", "16", "--max_steps", "64"], ["--sample_every", "16"]  # 2 x 8
+# off-policy GRPO: 64 steps of 2 prompts x 8 samples; N = 16 samples 16 steps' groups every 16 steps
+OFF = ["--num_generations", "8", "--batch_size", "16", "--max_steps", "64"]
+N16, HL = OFF + ["--sample_every", "16"], ["--humanline"]
 OFFPOLICY_ARMS = {
-    "grpo online, N = 1": ("grpo", "online", SHAPE, (4, 16), tuple(range(5))),
-    "grpo off-policy, N = 16": ("grpo", "online", SHAPE + N16, (4, 16), tuple(range(5))),
-    "grpo off-policy+humanline, N = 16, k = 1": (
-        "grpo",
-        "online",
-        SHAPE + N16 + ["--humanline"],
-        (4, 16),
-        tuple(range(5)),
-    ),
-    "grpo off-policy+humanline, N = 16, k = 4": (
-        "grpo",
-        "online",
-        SHAPE + N16 + ["--humanline", "--sync_every", "4"],
-        (4, 16),
-        tuple(range(5)),
-    ),
+    "grpo online, N = 1": ("grpo", "online", OFF, (4, 16), FIVE),
+    "grpo off-policy, N = 16": ("grpo", "online", N16, (4, 16), FIVE),
+    "grpo off-policy+humanline, N = 16, k = 1": ("grpo", "online", N16 + HL, (4, 16), FIVE),
+    "grpo off-policy+humanline, N = 16, k = 4": ("grpo", "online", N16 + HL + ["--sync_every", "4"], (4, 16), FIVE),
 }
 ANCHOR_PAIRS = [("grpo offline+humanline", "grpo offline"), ("grpo offline+humanline", "grpo offline, no anchor")]
 ANCHOR_PAIRS += [("grpo offline, no anchor", "grpo offline"), ("dpo offline+humanline", "dpo offline")]
-ONLINE, OFF, HL1, HL4 = OFFPOLICY_ARMS
-STUDY_OFFPOLICY_PAIRS = [(OFF, ONLINE), (HL1, OFF), (HL4, OFF), (HL1, ONLINE), (HL4, ONLINE)]
+ON, PLAIN, K1, K4 = OFFPOLICY_ARMS
+STUDY_OFFPOLICY_PAIRS = [(PLAIN, ON), (K1, PLAIN), (K4, PLAIN), (K1, ON), (K4, ON)]
 
 
 # ---- the registry ----------------------------------------------------------------------------------------------------
@@ -476,42 +467,38 @@ SUITES = {
         note=chosen_rates(LORA_CELLS, lora=True),
     ),
 }
-for task in smollm2.TASKS:
-    SUITES[f"{task}_sweep"] = Suite(
-        runs=real_sweep(task, REAL_ARMS, REAL_SWEEP_SEEDS),
-        arms=("", REAL_ARMS),
+
+
+def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False):
+    """A real-model study's two suites: `<name>_sweep` chooses each arm's rate on the task's validation prompts (its
+    grid grown past an edge that wins where `grow`), `<name>` compares the arms at those rates on the test prompts."""
+    real_model = dict(model="SmolLM2-135M-Instruct", task=task)
+    SUITES[f"{name}_sweep"] = Suite(
+        runs=real_sweep(task, arms, sweep_seeds, prefix, grow=f"{name}_sweep" if grow else None),
+        arms=(prefix, arms),
         sections=("long", "real sweep"),
         held_out=f"the {task} task's 128 validation prompts (success rate)",
-        start=lambda task=task: smollm2.starting(task, "valid"),
+        start=lambda: smollm2.starting(task, "valid"),
         chooses_rates=True,
-        model="SmolLM2-135M-Instruct",
-        task=task,
+        **real_model,
     )
-    SUITES[task] = Suite(
-        runs=real(task, REAL_ARMS),
+    SUITES[name] = Suite(
+        runs=real(task, arms, prefix),
         sections=("long", "tests", "real", "time", "answers"),
-        pairs=lambda names: REAL_PAIRS,
+        pairs=lambda names: pairs,
         held_out=f"the {task} task's 256 test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
-        start=lambda task=task: smollm2.starting(task, "test"),
-        model="SmolLM2-135M-Instruct",
-        task=task,
+        start=lambda: smollm2.starting(task, "test"),
+        **real_model,
     )
 
 
-STUDY = dict(model="SmolLM2-135M-Instruct", task="addition", start=lambda: smollm2.starting("addition", "test"))
-SWEPT = dict(sections=("long", "real sweep"), chooses_rates=True, model="SmolLM2-135M-Instruct", task="addition")
-SWEPT |= dict(held_out="the addition task's 128 validation prompts (success rate)")
-SWEPT |= dict(start=lambda: smollm2.starting("addition", "valid"))
-COMPARED = dict(sections=("long", "tests", "real", "time", "answers"), margin=0.05, **STUDY)
-COMPARED |= dict(held_out="the addition task's 256 test prompts (success rate)")
-for name, arms, pairs in (
-    ("anchor", ANCHOR_ARMS, ANCHOR_PAIRS),
-    ("offpolicy_addition", OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS),
-):
-    sweep = real_sweep("addition", arms, STUDY_SWEEP_SEEDS, STUDY, grow=f"{name}_sweep")
-    SUITES[f"{name}_sweep"] = Suite(runs=sweep, arms=(STUDY, arms), **SWEPT)
-    SUITES[name] = Suite(runs=real("addition", arms, STUDY), pairs=lambda names, p=pairs: p, **COMPARED)
+for task in smollm2.TASKS:
+    real_suites(task, task, REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS)
+real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, grow=True)
+real_suites(
+    "addition", "offpolicy_addition", OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY, grow=True
+)
 
 
 def quartile_note(results):
