@@ -77,6 +77,87 @@ def significance(rows, pairs, margin=EQUIVALENCE_MARGIN):
     return tests
 
 
+def paired(rows, pairs, margin, resamples=10_000):
+    """Each comparison (a, b) of configurations run with the same seeds (and scored on the same prompts), read from
+    paired differences (paired_test) with the Holm correction over the pairs, and beside them a bootstrap over the
+    held-out prompts (prompt_bootstrap). The verdict as significance's, from the paired tests."""
+    by, tests = {r["config"]: r for r in rows}, []
+    for a, b in [(a, b) for a, b in pairs if a in by and b in by]:
+        runs = [
+            {s["seed"]: (x, ans) for s, x, ans in zip(by[c]["args"], by[c]["rewards"], by[c]["answers"])}
+            for c in (a, b)
+        ]
+        seeds = sorted(set(runs[0]) & set(runs[1]))
+        if len(seeds) > 1:
+            test = dict(a=a, b=b, comparison=f"{a} vs {b}", seeds=len(seeds))
+            test |= paired_test([runs[0][s][0] - runs[1][s][0] for s in seeds], margin)
+            test["prompts_ci"] = prompt_bootstrap([[side[s][1] for s in seeds] for side in runs], resamples)
+            tests.append(test)
+    for key in ("p", "p_tost"):
+        for t, adjusted in zip(tests, holm([t[key] for t in tests]) if tests else []):
+            t[key + "_holm"] = float(adjusted)
+    for t in tests:
+        differs = ("higher" if t["diff"] > 0 else "lower") if t["p_holm"] < 0.05 else None
+        t["verdict"] = differs or (f"equivalent (within ±{margin:g})" if t["p_tost_holm"] < 0.05 else "not decided")
+    return tests
+
+
+def paired_test(differences, margin):
+    """Of per-seed differences: their mean and its 95% t-interval, the paired t-test's p, the paired TOST's p (within
+    +-margin), and the smallest difference these seeds could detect (80% power at 5%, from their spread)."""
+    d = np.asarray(differences, float)
+    n, mean, se = len(d), float(d.mean()), float(d.std(ddof=1)) / math.sqrt(len(d))
+    q = stats.t.ppf(0.975, n - 1)
+    if se == 0:  # every seed the same difference: the tests are certain
+        p, p_tost = float(mean == 0), float(abs(mean) >= margin)
+    else:
+        p = float(2 * stats.t.sf(abs(mean) / se, n - 1))
+        p_tost = float(max(stats.t.sf((mean + margin) / se, n - 1), stats.t.cdf((mean - margin) / se, n - 1)))
+    detectable = float((q + stats.t.ppf(0.8, n - 1)) * se)
+    return dict(diff=mean, ci=(mean - q * se, mean + q * se), p=p, p_tost=p_tost, detectable=detectable)
+
+
+def prompt_bootstrap(answers, resamples):
+    """The 95% percentile interval of a - b's mean reward over the held-out prompts both answered, each prompt's reward
+    averaged over seeds first; answers: [a's, b's], each a list per seed of its evaluation's answers (NaN without)."""
+    means = []
+    for side in answers:
+        rewards = {}
+        for seed in side:
+            for ans in seed:
+                rewards.setdefault(json.dumps(ans["prompt"]), []).append(ans["reward"])
+        means.append({k: np.mean(v) for k, v in rewards.items()})
+    shared = sorted(set(means[0]) & set(means[1]))
+    if not shared:
+        return math.nan, math.nan
+    diff = np.array([means[0][k] - means[1][k] for k in shared])
+    draws = diff[np.random.default_rng(0).integers(0, len(diff), (resamples, len(diff)))].mean(1)
+    return float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
+
+
+def paired_table(tests, margin):
+    if not tests:
+        return []
+    return [
+        "",
+        "The same comparisons paired by seed (the two rows of a seed see the same data in the same order and are "
+        "scored on the same prompts): the mean of the per-seed differences with its 95% interval, the paired t-test "
+        f"and the paired TOST within ±{margin:g}, each Holm-corrected over these comparisons, the smallest difference "
+        "these seeds could detect (80% power at 5%), and a bootstrap over the test prompts (each prompt's success "
+        "averaged over seeds) beside them; the verdict at 5%, from the paired tests:",
+        "",
+        *header(
+            "comparison | seeds | difference (95% interval) | p (paired, Holm) | p (TOST, Holm) | detectable | "
+            "prompts' bootstrap 95% | verdict"
+        ),
+    ] + [
+        f"| {t['comparison']} | {t['seeds']} | {t['diff']:+.3f} ({t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}) "
+        f"| {t['p_holm']:.3g} | {t['p_tost_holm']:.3g} | {t['detectable']:.3f} "
+        f"| {t['prompts_ci'][0]:+.3f}, {t['prompts_ci'][1]:+.3f} | {t['verdict']} |"
+        for t in tests
+    ]
+
+
 # ---- summaries -------------------------------------------------------------------------------------------------------
 def clamps(flags):
     clip = flags[flags.index("--clip") + 1] if "--clip" in flags else "none"
@@ -547,6 +628,9 @@ SECTIONS = {
     "long": lambda rows, ctx: long_table(rows, ctx.entry.held_out),
     "tests": lambda rows, ctx: tests_table(
         significance(rows, ctx.entry.pairs(ctx.names), ctx.entry.margin), margin=ctx.entry.margin
+    ),
+    "paired": lambda rows, ctx: paired_table(
+        paired(rows, ctx.entry.pairs(ctx.names), ctx.entry.margin), ctx.entry.margin
     ),
     "time": lambda rows, ctx: time_ratios(rows),
     "settings": settings,

@@ -484,7 +484,7 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False):
     )
     SUITES[name] = Suite(
         runs=real(task, arms, prefix),
-        sections=("long", "tests", "real", "time", "answers"),
+        sections=("long", "tests", "paired", "real", "time", "answers"),
         pairs=lambda names: pairs,
         held_out=f"the {task} task's 256 test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach

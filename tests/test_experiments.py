@@ -699,3 +699,37 @@ def test_the_second_studys_off_policy_arms_sample_every_16_steps_for_64(tmp_path
         assert shape.count("--max_steps") == shape.count("--batch_size") == 1
         assert ("--sample_every 16" in shape) == ("N = 16" in name) and ("--humanline" in shape) == ("k = " in name)
         assert ("--sync_every 4" in shape) == name.endswith("k = 4")
+
+
+def test_the_paired_test_is_the_t_distributions_closed_form_with_two_degrees_of_freedom():
+    """Per-seed differences 0.1, 0.2, 0.3 (3 seeds, 2 degrees of freedom, whose t distribution has the closed form
+    F(t) = 1/2 + t / (2 sqrt(t^2 + 2))): mean 0.2, standard error 0.1 / sqrt 3."""
+    se = 0.1 / math.sqrt(3)
+    sf = lambda t: 0.5 - t / (2 * math.sqrt(t * t + 2))  # noqa: E731
+    quantile = lambda f: (2 * f - 1) * math.sqrt(2 / (1 - (2 * f - 1) ** 2))  # noqa: E731 (F's inverse)
+    got = report.paired_test([0.1, 0.2, 0.3], margin=0.05)
+    assert got["diff"] == pytest.approx(0.2) and got["p"] == pytest.approx(2 * sf(0.2 / se))
+    assert got["ci"] == pytest.approx((0.2 - quantile(0.975) * se, 0.2 + quantile(0.975) * se))
+    assert got["p_tost"] == pytest.approx(1 - sf((0.2 - 0.05) / se))  # the lower test is the larger p
+    assert got["detectable"] == pytest.approx((quantile(0.975) + quantile(0.8)) * se)
+    assert report.paired_test([0.1, 0.1], margin=0.05) | {"ci": None} == dict(
+        diff=pytest.approx(0.1), ci=None, p=0.0, p_tost=1.0, detectable=0.0
+    )
+
+
+def test_paired_comparisons_match_runs_by_seed_and_bootstrap_over_prompts():
+    """Two configurations whose runs are listed in different seed orders: the differences are taken seed by seed; the
+    bootstrap averages each prompt over seeds first (b scores 0.5 on prompt p1, 0 on p2; a scores 1 on both)."""
+
+    def answers(*rewards):
+        return [{"prompt": f"p{i + 1}", "reward": r} for i, r in enumerate(rewards)]
+
+    a = dict(config="a", args=[{"seed": 0}, {"seed": 1}, {"seed": 2}], rewards=[0.5, 0.6, 0.9])
+    a["answers"] = [answers(1.0, 1.0)] * 3
+    b = dict(config="b", args=[{"seed": 2}, {"seed": 0}, {"seed": 1}], rewards=[0.6, 0.3, 0.5])
+    b["answers"] = [answers(1.0, 0.0), answers(0.0, 0.0), answers(0.5, 0.0)]
+    (t,) = report.paired([a, b], [("a", "b")], margin=0.05, resamples=2000)
+    assert t["seeds"] == 3 and t["diff"] == pytest.approx(0.2)  # differences 0.2, 0.1, 0.3
+    assert t["p"] == pytest.approx(report.paired_test([0.2, 0.1, 0.3], 0.05)["p"]) and t["p_holm"] == t["p"]
+    low, high = t["prompts_ci"]  # per prompt: 1 - 0.5 and 1 - 0, so the mean difference is 0.5 or 0.75 or 1
+    assert 0.5 <= low <= 0.75 <= high <= 1.0 and low < high
