@@ -842,6 +842,8 @@ def checkpoints(output_dir):  # the complete ones, oldest first
 
 
 def link(src, dest):
+    if os.path.lexists(dest + ".tmp"):  # left by a run killed here: it may be src itself under that name
+        os.remove(dest + ".tmp")
     try:
         os.link(src, dest + ".tmp")  # the same bytes under two names: no second copy on disk
     except OSError:

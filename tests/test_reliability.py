@@ -1044,3 +1044,18 @@ def test_a_resumed_online_run_writes_each_record_once_and_keeps_each_attempts_co
     assert len({key(r) for r in records(str(resumed))}) == len(records(str(resumed)))  # each once
     attempts = json.load(open(resumed / "args.json"))["attempts"]
     assert [a["from_step"] for a in attempts] == [0, 2] and all(len(a["code"]) == 16 for a in attempts)
+
+
+def test_a_run_killed_while_linking_its_final_model_resumes(tmp_path, toy):
+    """The final model is the last checkpoint's files linked into --output_dir, each through a `.tmp` name. A run
+    killed there leaves those names, hard links to the checkpoint's own files; resuming it finishes the export."""
+    flags = [*runs.short(2), "--save_every", "1"]
+    run_here("dpo_humanline.py", flags, tmp_path)
+    last = tmp_path / "checkpoint-2"
+    linked = [f for f in os.listdir(last) if not f.startswith("state-rank")]
+    for f in linked:  # as the kill left them: the checkpoint's file under the .tmp name, the final file not yet there
+        os.remove(tmp_path / f)
+        os.link(last / f, tmp_path / (f + ".tmp"))
+    run_here("dpo_humanline.py", [*flags, "--resume"], tmp_path)
+    assert all(open(tmp_path / f, "rb").read() == open(last / f, "rb").read() for f in linked)
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
