@@ -637,7 +637,7 @@ def signal(rows, ctx):
         values = [[v for _, v in t["grpo/no_signal"]] for t in r["train"]]
         steps = mean_se([np.mean([v == 1.0 for v in run]) if run else math.nan for run in values])
         sequences = mean_se([np.mean(run) if run else math.nan for run in values])
-        largest = max(v for t in r["train"] for _, v in t["humanline/clamped_frac"])
+        largest = max((v for t in r["train"] for _, v in t["humanline/clamped_frac"]), default=math.nan)
         shown = f"{fmt(steps)} | {fmt(sequences)} | {fmt(r['clamped_frac'], 4)} | {largest:.4f}"
         lines.append(f"| {r['config']} | {r['seeds']} | {shown} |")
     return lines
