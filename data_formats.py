@@ -6,7 +6,7 @@ line that names the file, the row and the column (docs/data.md lists the formats
   `prompt` (or `problem`) with any other columns, which go to every scorer;
 - plain strings, or conversations (lists of {"role", "content"}) through the tokenizer's chat template; TRL's implicit
   prompt (chosen and rejected hold the whole conversation) and completions that repeat their prompt are split.
-Like plumbing.py, which passes the scripts these rows, it imports no script.
+The scripts call `load_data`; like plumbing.py, it imports no script.
 """
 
 import os

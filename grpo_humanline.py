@@ -545,6 +545,8 @@ def main():
             (loss * rt.world).backward()  # FSDP2 averages the gradients over processes
             clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
             metrics |= {"tokens": mask.sum(), "completion_length": mask.sum(-1), "humanline/clamped_frac": clamped}
+            # a group scored all alike gives its sequences advantage 0: a step of only such has no reward signal
+            metrics["grpo/no_signal"] = torch.tensor([float(s.advantage == 0) for s in samples])
             if args.online:
                 metrics["reward"] = torch.tensor([s.reward for s in samples])
             plumbing.accumulate(sums, metrics)

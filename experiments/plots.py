@@ -16,6 +16,7 @@ DIAGNOSTICS = {
     "logps/chosen": "logp chosen",
     "logps/rejected": "logp rejected",
     "logps": "logp completions",
+    "grpo/no_signal": "sequences without signal",
 }
 
 

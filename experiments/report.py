@@ -574,12 +574,17 @@ def real_table(rows, ctx):
     return lines
 
 
+def test_rows(task):
+    """The task's test split: each prompt's row (its constraint and topic, or answer), by the prompt."""
+    test = open(os.path.join(runner.ROOT, suites.smollm2.data(task, "test"))).read().splitlines()
+    return {json.dumps(row["prompt"]): row for row in map(json.loads, test)}
+
+
 def answers(rows, ctx):
     """What every trained model writes: each run's answer to the first test prompt of each kind (constraint, or
     phrasing; read from the test split's row of the prompt), its reward and whether it finished; the success of the
     reward is read in these, not in a few."""
-    test = open(os.path.join(runner.ROOT, suites.smollm2.data(ctx.entry.task, "test"))).read().splitlines()
-    split = {json.dumps(row["prompt"]): row for row in map(json.loads, test)}
+    split = test_rows(ctx.entry.task)
     lines = [
         "",
         "Every run's answer to the first test prompt of each kind, its reward, and `cut` where it did not finish:",
@@ -595,6 +600,46 @@ def answers(rows, ctx):
                 lines.append(
                     f"- {a['prompt'][-1]['content']} → {said!r} ({a['reward']:.0f}{', cut' * (not a['finished'])})"
                 )
+    return lines
+
+
+def task_talk(rows, ctx):
+    """Constraints: each row's success as its runs scored it, the share of those successes that talk about the task
+    (smollm2.talks_about_the_task), and the success the current reward (smollm2.reward) gives the same answers."""
+    split, smollm2 = test_rows(ctx.entry.task), suites.smollm2
+    lines = ["", "Test success as the runs scored it, the share of those successes that talk about the task instead of"]
+    lines += ["doing it, and the success the current reward gives the same answers (mean ± standard error over seeds):"]
+    lines += ["", *header("configuration | seeds | success as scored | successes talking about the task | success now")]
+    for r in rows:
+        talking, now = [], []
+        for answered in r["answers"]:
+            wins = [a["completion"] for a in answered if a["reward"] == 1.0]
+            talking.append(np.mean([smollm2.talks_about_the_task(t) for t in wins]) if wins else math.nan)
+            asked = [split[json.dumps(a["prompt"])] for a in answered]
+            columns = {k: [row[k] for row in asked] for k in ("constraint", "topic")}
+            texts, finished = [a["completion"] for a in answered], [a["finished"] for a in answered]
+            now.append(np.mean(smollm2.reward(None, texts, **columns, finished=finished)))
+        shown = f"{fmt(r['reward'])} | {fmt(mean_se(talking))} | {fmt(mean_se(now))}"
+        lines.append(f"| {r['config']} | {r['seeds']} | {shown} |")
+    return lines
+
+
+def signal(rows, ctx):
+    """GRPO's groups: the share of training steps without signal from the rewards (every group of the step scored
+    alike: grpo/no_signal 1.0), the share of sequences with advantage 0, and the share of tokens the clamp acts on."""
+    lines = ["", "The share of training steps whose every group scored all alike (no signal from the rewards), the"]
+    lines += ["share of trained sequences with advantage 0, and the share of tokens the clamp acts on (outside [-1.5,"]
+    lines += ["1.5]), each averaged over training (mean ± standard error over seeds), and the clamp's largest step:"]
+    lines.append("")
+    columns = "steps without signal | sequences without signal | clamped tokens | largest step's"
+    lines += header(f"configuration | seeds | {columns}")
+    for r in rows:
+        values = [[v for _, v in t["grpo/no_signal"]] for t in r["train"]]
+        steps = mean_se([np.mean([v == 1.0 for v in run]) if run else math.nan for run in values])
+        sequences = mean_se([np.mean(run) if run else math.nan for run in values])
+        largest = max((v for t in r["train"] for _, v in t["humanline/clamped_frac"]), default=math.nan)
+        shown = f"{fmt(steps)} | {fmt(sequences)} | {fmt(r['clamped_frac'], 4)} | {largest:.4f}"
+        lines.append(f"| {r['config']} | {r['seeds']} | {shown} |")
     return lines
 
 
@@ -641,6 +686,8 @@ SECTIONS = {
     "real sweep": real_sweep_table,
     "real": real_table,
     "answers": answers,
+    "task talk": task_talk,
+    "signal": signal,
 }
 
 

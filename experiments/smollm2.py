@@ -12,9 +12,10 @@ defined here once (the suites, the benchmark and the tests import them).
 topics under one constraint a program checks (include a word, begin or end with it, at most 10, 15 or 20 words, no
 commas). `reward` scores 1.0 only for an answer that finished (not cut by --max_new_tokens), keeps its constraint,
 names its topic as a word (a plural too: "cities" names "a city") and reads as one sentence: 6 to 30 words ending in
-a full stop, question or exclamation mark, mostly distinct words, the asked word at most twice, no "Word:" opening.
-So "Soft: Soft.", "Snow is snow." and word salad score 0. Beside it, `quality` measures what the reward leaves out:
-the answers' perplexity under the frozen starting model and their share of repeated words.
+a full stop, question or exclamation mark, mostly distinct words, the asked word at most twice, no "Word:" opening,
+and does not talk about the task (the sentence, the answer, the task, "the word"). So "Soft: Soft.", "Snow is snow.",
+word salad and "This sentence is about snow and ends with the word 'cold'." score 0. Beside it, `quality` measures
+what the reward leaves out: the answers' perplexity under the frozen starting model and their share of repeated words.
 
 **addition**: "What is 47 + 38? Reply with the number only." Two-digit sums asked in three phrasings for training and
 validation, and in the test split also in a fourth no training prompt uses. `addition_reward` is 1.0 when the answer
@@ -136,18 +137,27 @@ def one_sentence(text, asked=None):
     )
 
 
+# an answer that talks about the exercise instead of doing it: "This sentence is about a dog and ends with the word
+# 'calm'." keeps the constraint and names the topic, and a policy learns to write it
+TALK = re.compile(r"\b(sentences?|task|answer|response|instructions?)\b|\b(the|this|a) word\b", re.IGNORECASE)
+
+
+def talks_about_the_task(text):
+    return TALK.search(text) is not None
+
+
 def reward(prompts, completions, constraint, topic, finished=None, **_):
     """1.0 where the completion finished, keeps its constraint ("end:cold", "max_words:15", "no_comma:"), names its
-    topic and reads as one sentence (one_sentence), else 0.0. `finished`: the scripts' column (None: all finished)."""
+    topic, reads as one sentence (one_sentence) and does not talk about the task (talks_about_the_task), else 0.0.
+    `finished`: the scripts' column (None: all finished)."""
     scores = []
     for j, (completion, spec, about) in enumerate(zip(completions, constraint, topic)):
         text = completion if isinstance(completion, str) else completion[-1]["content"]  # text or a chat turn
         name, _, value = spec.partition(":")
         asked = value if name in ("include", "start", "end") else None
         done = finished is None or finished[j]
-        ok = (
-            done and CONSTRAINTS[name][1](words(text), text, value) and names(text, about) and one_sentence(text, asked)
-        )
+        ok = done and CONSTRAINTS[name][1](words(text), text, value) and names(text, about)
+        ok = ok and one_sentence(text, asked) and not talks_about_the_task(text)
         scores.append(float(ok))
     return scores
 

@@ -469,10 +469,11 @@ SUITES = {
 }
 
 
-def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False):
+def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, more=(), note=""):
     """A real-model study's two suites: `<name>_sweep` chooses each arm's rate on the task's validation prompts (its
-    grid grown past an edge that wins where `grow`), `<name>` compares the arms at those rates on the test prompts."""
-    real_model = dict(model="SmolLM2-135M-Instruct", task=task)
+    grid grown past an edge that wins where `grow`), `<name>` compares the arms at those rates on the test prompts
+    (with the report's `more` sections); `note` goes under both titles."""
+    real_model = dict(model="SmolLM2-135M-Instruct", task=task, note=lambda results, chosen: note)
     SUITES[f"{name}_sweep"] = Suite(
         runs=real_sweep(task, arms, sweep_seeds, prefix, grow=f"{name}_sweep" if grow else None),
         arms=(prefix, arms),
@@ -484,7 +485,7 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False):
     )
     SUITES[name] = Suite(
         runs=real(task, arms, prefix),
-        sections=("long", "tests", "paired", "real", "time", "answers"),
+        sections=("long", "tests", "paired", "real", "time", *more, "answers"),
         pairs=lambda names: pairs,
         held_out=f"the {task} task's 256 test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
@@ -493,11 +494,18 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False):
     )
 
 
-for task in smollm2.TASKS:
-    real_suites(task, task, REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS)
+# the constraints runs predate the reward's rule against answers that talk about the task: their tables say so
+EARLIER = (
+    'Measured with the constraints reward as it was before it failed answers that talk about the task ("This '
+    "sentence is about a dog and ends with the word 'calm'.\"): that reward chose the offline pairs and scored every "
+    "answer here, so these successes count such answers. The section on them re-scores each run's test answers with "
+    "the current reward."
+)
+real_suites("constraints", "constraints", REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS, more=["task talk"], note=EARLIER)
+real_suites("addition", "addition", REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS)
 real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, grow=True)
 real_suites(
-    "addition", "offpolicy_addition", OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY, grow=True
+    "addition", "offpolicy_addition", OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY, True, ["signal"]
 )
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -733,3 +734,34 @@ def test_paired_comparisons_match_runs_by_seed_and_bootstrap_over_prompts():
     assert t["p"] == pytest.approx(report.paired_test([0.2, 0.1, 0.3], 0.05)["p"]) and t["p_holm"] == t["p"]
     low, high = t["prompts_ci"]  # per prompt: 1 - 0.5 and 1 - 0, so the mean difference is 0.5 or 0.75 or 1
     assert 0.5 <= low <= 0.75 <= high <= 1.0 and low < high
+
+
+def test_the_task_talk_section_rescores_the_runs_answers_with_the_current_reward():
+    """Constraints: of a run's successes as scored, the share that talk about the task, and the current reward's
+    success on the same answers (a talking success fails it, a cut answer too)."""
+    test = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data("constraints", "test")))]
+    dog = next(r for r in test if r["constraint"] == "no_comma:" and r["topic"] == "a dog")
+    said = [
+        ("This sentence is about a dog and uses no commas at all.", 1.0, True),  # scored 1 by the earlier reward
+        ("The old dog sleeps quietly under the warm kitchen table.", 1.0, True),
+        ("The old dog sleeps quietly under the warm kitchen table.", 0.0, False),  # cut
+        ("Dog.", 0.0, True),
+    ]
+    answers = [dict(prompt=dog["prompt"], completion=c, reward=r, finished=f) for c, r, f in said]
+    rows = [dict(config="grpo online", seeds=1, reward=(0.5, math.nan), answers=[answers])]
+    ctx = types.SimpleNamespace(entry=suites.SUITES["constraints"])
+    assert "| grpo online | 1 | 0.500 | 0.500 | 0.250 |" in report.task_talk(rows, ctx)
+    assert "task talk" in ctx.entry.sections and "task talk" not in suites.SUITES["addition"].sections
+
+
+def test_the_signal_section_counts_steps_whose_every_group_tied_and_the_clamps_largest_step():
+    """Per seed: the share of logged steps with grpo/no_signal 1.0 and the mean share of sequences; the clamp's mean
+    (the row's) and its largest step over every seed."""
+    train = [
+        {"grpo/no_signal": [(1, 1.0), (2, 1.0), (3, 0.5), (4, 0.5)], "humanline/clamped_frac": [(1, 0.0), (2, 0.004)]},
+        {"grpo/no_signal": [(1, 0.0), (2, 0.0)], "humanline/clamped_frac": [(1, 0.002), (2, 0.0)]},
+    ]
+    rows = [dict(config="grpo off-policy+humanline", seeds=2, clamped_frac=(0.0015, 0.0005), train=train)]
+    lines = report.signal(rows, None)
+    assert "| grpo off-policy+humanline | 2 | 0.250 ± 0.250 | 0.375 ± 0.375 | 0.0015 ± 0.0005 | 0.0040 |" in lines
+    assert "signal" in suites.SUITES["offpolicy_addition"].sections

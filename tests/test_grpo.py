@@ -522,6 +522,8 @@ def test_end_to_end(name, grpo_run):
         for k in ("loss", "kl", "clip_frac", "ratio/abs_log", "logps", "grad_norm", "lr", "humanline/clamped_frac"):
             assert math.isfinite(r[k]), (k, r)
         assert 0 <= r["clip_frac"] <= 1 and 0 <= r["humanline/clamped_frac"] <= 1 and r["kl"] >= 0
+        # offline, each pair is a group of two rewards that differ: every sequence carries signal
+        assert r["grpo/no_signal"] == 0 if not name.startswith("online") else 0 <= r["grpo/no_signal"] <= 1
     # at the first step the policy is its reference (or its own sampler) and the KL baseline
     assert steps[0]["ratio/abs_log"] == 0 and steps[0]["kl"] == 0
     assert "eval/reward" in steps[-1] and 0 <= steps[-1]["eval/accuracy"] <= 1
@@ -552,6 +554,12 @@ def test_end_to_end(name, grpo_run):
     start = AutoModelForCausalLM.from_pretrained(toy_task.load().model)
     assert all(torch.equal(a, b) for a, b in zip(final.parameters(), last.parameters()))  # the last step's weights
     assert any(not torch.equal(a, b) for a, b in zip(final.parameters(), start.parameters()))  # trained
+
+
+def test_a_step_whose_groups_all_tie_is_logged_as_without_signal(grpo_run):
+    """Every sample scoring the same gives every sequence advantage 0: each step's grpo/no_signal is 1.0."""
+    run = grpo_run(["--online", "--reward_funcs", "tests.support.faulty_rewards:ties"]).check()
+    assert [r["grpo/no_signal"] for r in run.steps] == [1.0] * STEPS
 
 
 EVERY_4 = ["--online", "--sample_every", "4", "--max_steps", "5", "--save_every", "2"]

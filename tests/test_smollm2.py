@@ -64,6 +64,28 @@ def test_the_reward_asks_for_one_sentence_a_reader_would_take(completion, want):
     assert score("start:soft" if completion.lower().startswith("soft") else "no_comma:", completion) == want
 
 
+@pytest.mark.parametrize(
+    "constraint, topic, talk, doing",
+    [  # what online policies learned to write (each keeps its constraint and names its topic), and the task done
+        ("include:light", "a dog", "This task is about writing a sentence about a dog and includes the word 'light'.",
+         "The dog ran out into the morning light."),
+        ("end:calm", "a city", "This answer is about a city in one sentence that ends with the word 'calm'.",
+         "The city at night is slow and calm."),
+        ("end:green", "a dog", "This response describes a dog in one sentence and ends with green.",
+         "My dog sleeps all day on grass so green."),
+        ("no_comma:", "the moon", "The moon in this sentence is pale and quiet tonight.",
+         "The moon is pale and quiet tonight."),
+        ("include:old", "the night sky", "Old is the word for the night sky above the town.",
+         "Old stars fill the night sky above the town."),
+        ("no_comma:", "the moon", "Following the instructions the moon glows over quiet hills.",
+         "The moon glows softly over the quiet hills."),
+    ],
+)  # fmt: skip
+def test_an_answer_that_talks_about_the_task_fails_and_the_task_done_passes(constraint, topic, talk, doing):
+    assert smollm2.talks_about_the_task(talk) and score(constraint, talk, topic) == 0.0
+    assert not smollm2.talks_about_the_task(doing) and score(constraint, doing, topic) == 1.0
+
+
 def test_at_least_60_percent_of_an_answers_words_are_distinct():
     """20 words: 12 distinct (60%) read as a sentence, 11 (55%) do not."""
     distinct = "moon glows over quiet hills and dark fields tonight while stars rest".split()
