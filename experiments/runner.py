@@ -167,7 +167,8 @@ def run_suite(results, suite, entry, configs, jobs, only=""):
     """Every unfinished run of a suite's configurations (those whose name contains `only`), `jobs` at a time."""
     entry.prepare(results, configs)
     runs = load_runs(results, suite)
-    todo = [(c.name, c.script, c.flags, seed) for c in configs if only in c.name for seed in c.seeds]
+    seeds = sorted({seed for c in configs for seed in c.seeds})  # seed by seed: a suite stopped part-way is paired
+    todo = [(c.name, c.script, c.flags, s) for s in seeds for c in configs if only in c.name and s in c.seeds]
     todo = [run for run in todo if not finished(runs.get(run_key(run[0], run[3])), max_steps_of(run[2]))]
     print(f"{suite}: {len(todo)} runs to do", flush=True)
     pool = ThreadPoolExecutor(jobs)

@@ -503,10 +503,10 @@ EARLIER = (
 )
 real_suites("constraints", "constraints", REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS, more=["task talk"], note=EARLIER)
 real_suites("addition", "addition", REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS)
-real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, grow=True)
-real_suites(
-    "addition", "offpolicy_addition", OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY, True, ["signal"]
-)
+PLAN = 'The plan of these runs: docs/results.md, "The second study", committed before them in d6a9b86.'
+real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, grow=True, note=PLAN)
+OFFPOLICY = (OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY)
+real_suites("addition", "offpolicy_addition", *OFFPOLICY, grow=True, more=["signal"], note=PLAN)
 
 
 def quartile_note(results):
