@@ -19,13 +19,14 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import report  # noqa: E402
 import run  # noqa: E402
 import runner  # noqa: E402
+import stat_tests  # noqa: E402
 import suites  # noqa: E402
 
 
 def test_holm_by_hand():
     # sorted: 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04 -> monotone 0.06
-    assert list(report.holm([0.01, 0.04, 0.03])) == pytest.approx([0.03, 0.06, 0.06])
-    assert list(report.holm([0.5, 0.9])) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert list(stat_tests.holm([0.01, 0.04, 0.03])) == pytest.approx([0.03, 0.06, 0.06])
+    assert list(stat_tests.holm([0.5, 0.9])) == pytest.approx([1.0, 1.0])  # capped at 1
 
 
 @pytest.mark.parametrize(
@@ -41,14 +42,14 @@ def test_tost_is_two_shifted_one_sided_welch_tests(a, b):
     m = 0.01
     lower = stats.ttest_ind(np.add(a, m), b, equal_var=False, alternative="greater").pvalue
     upper = stats.ttest_ind(np.subtract(a, m), b, equal_var=False, alternative="less").pvalue
-    assert report.tost(a, b, m) == pytest.approx(max(lower, upper), rel=1e-9)
+    assert stat_tests.tost(a, b, m) == pytest.approx(max(lower, upper), rel=1e-9)
 
 
 def test_tost_decides_both_ways():
-    assert report.tost([0.851, 0.853, 0.849], [0.850, 0.852, 0.848], 0.01) < 0.01  # tight and close: equivalent
-    assert report.tost([0.80, 0.83, 0.78], [0.85, 0.86, 0.84], 0.01) > 0.5  # far apart: not equivalent
+    assert stat_tests.tost([0.851, 0.853, 0.849], [0.850, 0.852, 0.848], 0.01) < 0.01  # tight and close: equivalent
+    assert stat_tests.tost([0.80, 0.83, 0.78], [0.85, 0.86, 0.84], 0.01) > 0.5  # far apart: not equivalent
     assert (
-        report.tost([0.5] * 3, [0.5] * 3, 0.01) == 0.0 and report.tost([0.5] * 3, [0.6] * 3, 0.01) == 1.0
+        stat_tests.tost([0.5] * 3, [0.5] * 3, 0.01) == 0.0 and stat_tests.tost([0.5] * 3, [0.6] * 3, 0.01) == 1.0
     )  # no spread
 
 
@@ -105,7 +106,7 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     off = rows["dpo offline"]
     assert off["seeds"] == 5 and off["reward"][0] == pytest.approx(0.5)
     assert off["reward"][1] == pytest.approx(stats.sem(finals["dpo offline"]))
-    tests = {t["comparison"]: t for t in report.significance(list(rows.values()), suites.main_pairs([]))}
+    tests = {t["comparison"]: t for t in stat_tests.significance(list(rows.values()), suites.main_pairs([]))}
     assert len(tests) == 3  # KTO and GRPO have no runs here
     p = {
         k: stats.ttest_ind(finals[a], finals[b], equal_var=False).pvalue
@@ -478,10 +479,10 @@ def test_the_stated_starting_reward_is_the_scripts_step_0_evaluation(tmp_path):
 
 def test_new_seed_range_by_hand():
     # [0, 1, 2, 3, 4]: mean 2, sd sqrt(2.5) = 1.581139, t(0.975, 4) = 2.776445, sqrt(1 + 1/5) = 1.095445 -> +-4.80894
-    assert report.new_seed_range([0, 1, 2, 3, 4]) == pytest.approx((2 - 4.80894, 2 + 4.80894), abs=1e-4)
-    lo, hi = report.new_seed_range([0.834, 0.839, 0.834])
+    assert stat_tests.new_seed_range([0, 1, 2, 3, 4]) == pytest.approx((2 - 4.80894, 2 + 4.80894), abs=1e-4)
+    lo, hi = stat_tests.new_seed_range([0.834, 0.839, 0.834])
     assert lo < 0.834 and hi > 0.839  # wider than the seeds' own range
-    assert all(math.isnan(v) for v in report.new_seed_range([0.8]))
+    assert all(math.isnan(v) for v in stat_tests.new_seed_range([0.8]))
 
 
 def test_a_new_seed_is_checked_against_its_rows_range(tmp_path, monkeypatch, capsys):
@@ -538,8 +539,8 @@ def test_instance_tables_on_known_runs(tmp_path):
     assert "| dpo offline+humanline | 0.608 ± 0.004 | 0.701 ± 0.001 |" in table
     assert "| starting policy | 0.450 | 0.500 |" in table  # each instance's runs at step 0
     p_online = stats.ttest_ind(same, [0.90, 0.91, 0.92], equal_var=False).pvalue * 2  # Holm: the smaller of 2 p-values
-    p_equal = report.tost(same, same, 0.01) * 2
-    p0 = report.holm(
+    p_equal = stat_tests.tost(same, same, 0.01) * 2
+    p0 = stat_tests.holm(
         [
             stats.ttest_ind(finals["dpo offline+humanline"], finals[b], equal_var=False).pvalue
             for b in ("dpo offline", "dpo online")
@@ -621,14 +622,14 @@ def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_t
             fake_run(results, "addition", name, seed, [(32, reward)], quality=True)
     report.report(results, "addition", list(main.values()))
     table = open(os.path.join(results, "addition.md")).read()
-    p = report.holm(
+    p = stat_tests.holm(
         [
             stats.ttest_ind(finals["dpo offline+humanline"], finals[b], equal_var=False).pvalue
             for b in ("dpo offline", "dpo online")
         ]
     )
-    p_tost = report.holm(
-        [report.tost(finals["dpo offline+humanline"], finals[b], 0.05) for b in ("dpo offline", "dpo online")]
+    p_tost = stat_tests.holm(
+        [stat_tests.tost(finals["dpo offline+humanline"], finals[b], 0.05) for b in ("dpo offline", "dpo online")]
     )
     assert "| dpo offline+humanline vs dpo offline | +0.110 | " in table and f"| {p[0]:.3g} |" in table
     assert f"| {p_tost[1]:.3g} | equivalent (within ±0.05) |" in table  # ±0.01 could not be decided with 5 seeds
@@ -708,12 +709,12 @@ def test_the_paired_test_is_the_t_distributions_closed_form_with_two_degrees_of_
     se = 0.1 / math.sqrt(3)
     sf = lambda t: 0.5 - t / (2 * math.sqrt(t * t + 2))  # noqa: E731
     quantile = lambda f: (2 * f - 1) * math.sqrt(2 / (1 - (2 * f - 1) ** 2))  # noqa: E731 (F's inverse)
-    got = report.paired_test([0.1, 0.2, 0.3], margin=0.05)
+    got = stat_tests.paired_test([0.1, 0.2, 0.3], margin=0.05)
     assert got["diff"] == pytest.approx(0.2) and got["p"] == pytest.approx(2 * sf(0.2 / se))
     assert got["ci"] == pytest.approx((0.2 - quantile(0.975) * se, 0.2 + quantile(0.975) * se))
     assert got["p_tost"] == pytest.approx(1 - sf((0.2 - 0.05) / se))  # the lower test is the larger p
     assert got["detectable"] == pytest.approx((quantile(0.975) + quantile(0.8)) * se)
-    assert report.paired_test([0.1, 0.1], margin=0.05) | {"ci": None} == dict(
+    assert stat_tests.paired_test([0.1, 0.1], margin=0.05) | {"ci": None} == dict(
         diff=pytest.approx(0.1), ci=None, p=0.0, p_tost=1.0, detectable=0.0
     )
 
@@ -729,9 +730,9 @@ def test_paired_comparisons_match_runs_by_seed_and_bootstrap_over_prompts():
     a["answers"] = [answers(1.0, 1.0)] * 3
     b = dict(config="b", args=[{"seed": 2}, {"seed": 0}, {"seed": 1}], rewards=[0.6, 0.3, 0.5])
     b["answers"] = [answers(1.0, 0.0), answers(0.0, 0.0), answers(0.5, 0.0)]
-    (t,) = report.paired([a, b], [("a", "b")], margin=0.05, resamples=2000)
+    (t,) = stat_tests.paired([a, b], [("a", "b")], margin=0.05, resamples=2000)
     assert t["seeds"] == 3 and t["diff"] == pytest.approx(0.2)  # differences 0.2, 0.1, 0.3
-    assert t["p"] == pytest.approx(report.paired_test([0.2, 0.1, 0.3], 0.05)["p"]) and t["p_holm"] == t["p"]
+    assert t["p"] == pytest.approx(stat_tests.paired_test([0.2, 0.1, 0.3], 0.05)["p"]) and t["p_holm"] == t["p"]
     low, high = t["prompts_ci"]  # per prompt: 1 - 0.5 and 1 - 0, so the mean difference is 0.5 or 0.75 or 1
     assert 0.5 <= low <= 0.75 <= high <= 1.0 and low < high
 
