@@ -469,10 +469,11 @@ SUITES = {
 }
 
 
-def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, more=(), note=""):
+def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, more=(), note="", welch=False):
     """A real-model study's two suites: `<name>_sweep` chooses each arm's rate on the task's validation prompts (its
-    grid grown past an edge that wins where `grow`), `<name>` compares the arms at those rates on the test prompts
-    (with the report's `more` sections); `note` goes under both titles."""
+    grid grown past an edge that wins where `grow`), `<name>` compares the arms at those rates on the test prompts,
+    paired by seed (the first study's tables keep their Welch tests beside: `welch`), with the report's `more`
+    sections; `note` goes under both titles."""
     real_model = dict(model="SmolLM2-135M-Instruct", task=task, note=lambda results, chosen: note)
     SUITES[f"{name}_sweep"] = Suite(
         runs=real_sweep(task, arms, sweep_seeds, prefix, grow=f"{name}_sweep" if grow else None),
@@ -485,7 +486,7 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
     )
     SUITES[name] = Suite(
         runs=real(task, arms, prefix),
-        sections=("long", "tests", "paired", "real", "time", *more, "answers"),
+        sections=("long", *["tests"] * welch, "paired", "real", "time", *more, "answers"),
         pairs=lambda names: pairs,
         held_out=f"the {task} task's 256 test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
@@ -501,8 +502,10 @@ EARLIER = (
     "answer here, so these successes count such answers. The section on them re-scores each run's test answers with "
     "the current reward."
 )
-real_suites("constraints", "constraints", REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS, more=["task talk"], note=EARLIER)
-real_suites("addition", "addition", REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS)
+# the first study's tables: each comparison by Welch's test too, as it was first read, beside the paired tests
+FIRST_STUDY = (REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS)
+real_suites("constraints", "constraints", *FIRST_STUDY, more=["task talk"], note=EARLIER, welch=True)
+real_suites("addition", "addition", *FIRST_STUDY, welch=True)
 PLAN = 'The plan of these runs: docs/results.md, "The second study", committed before them in d6a9b86.'
 real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, grow=True, note=PLAN)
 OFFPOLICY = (OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY)
