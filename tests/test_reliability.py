@@ -693,7 +693,13 @@ def two_nodes(out0, out1, cwd0, cwd1, extra=()):
         launched.append(
             subprocess.Popen(argv, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )
-    return [(p.wait(timeout=240), p.stdout.read()) for p in launched]
+    return [(p.wait(timeout=240), without_exit_barrier(p.stdout.read())) for p in launched]
+
+
+def without_exit_barrier(output):
+    """The output less torchrun's own log of its exit barrier: when one node's launcher, which holds the rendezvous
+    store, exits first, the other's logs a traceback and still exits 0 (pytorch/pytorch#69520, under load)."""
+    return "".join(line for line in output.splitlines(True) if "elastic/agent/server/api.py" not in line)
 
 
 def test_two_nodes_sharing_the_output_folder_train_and_checkpoint(tmp_path):
