@@ -7,6 +7,7 @@ and on_step_end: accelerate runs DeepSpeed's optimizer step inside backward(), s
 weights when on_pre_optimizer_step runs. Then docs/your-trainer.md's HumanlineSync is made for that trainer: the
 line it stops with."""
 
+import importlib
 import json
 import os
 import re
@@ -40,6 +41,9 @@ class Watch(TrainerCallback):
 
 
 def main(out):
+    # DeepSpeed compiles its shared-memory all-reduce for CPU ranks at start-up (a minute, again in each new venv):
+    # one process never uses it (the module by its name: deepspeed.comm.torch is torch itself)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     g = torch.Generator().manual_seed(0)
     rows = [dict(input_ids=ids, labels=ids) for ids in torch.randint(3, 17, (8, 12), generator=g).tolist()]
     # Trainer's own torch AdamW (DeepSpeed's would compile its CPU Adam first, two minutes)
