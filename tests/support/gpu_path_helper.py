@@ -211,7 +211,6 @@ def peak(shape_json, out):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     shape = json.loads(shape_json)
-    torch.set_num_threads(2)
     torch.manual_seed(0)
     config, flags = LlamaConfig(**shape["config"], pad_token_id=0, eos_token_id=1), shape["flags"]
     with tempfile.TemporaryDirectory() as tmp:
