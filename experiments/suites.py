@@ -336,11 +336,13 @@ OFFPOLICY_ARMS = {
     "grpo off-policy, N = 16": ("grpo", "online", N16, (4, 16), FIVE),
     "grpo off-policy+humanline, N = 16, k = 1": ("grpo", "online", N16 + HL, (4, 16), FIVE),
     "grpo off-policy+humanline, N = 16, k = 4": ("grpo", "online", N16 + HL + ["--sync_every", "4"], (4, 16), FIVE),
+    # the control (the plan's amendment): no KL term and a ratio clip that never binds, as A's
+    "grpo off-policy, N = 16, no anchor": ("grpo", "online", N16 + ["--beta", "0", "--eps", "1e9"], (4, 16), FIVE),
 }
 ANCHOR_PAIRS = [("grpo offline+humanline", "grpo offline"), ("grpo offline+humanline", "grpo offline, no anchor")]
 ANCHOR_PAIRS += [("grpo offline, no anchor", "grpo offline"), ("dpo offline+humanline", "dpo offline")]
-ON, PLAIN, K1, K4 = OFFPOLICY_ARMS
-STUDY_OFFPOLICY_PAIRS = [(PLAIN, ON), (K1, PLAIN), (K4, PLAIN), (K1, ON), (K4, ON)]
+ON, PLAIN, K1, K4, CONTROL = OFFPOLICY_ARMS
+STUDY_OFFPOLICY_PAIRS = [(PLAIN, ON), (K1, PLAIN), (K4, PLAIN), (K1, ON), (K4, ON), (K1, CONTROL), (K4, CONTROL)]
 
 
 # ---- the registry ----------------------------------------------------------------------------------------------------

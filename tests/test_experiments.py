@@ -701,6 +701,7 @@ def test_the_second_studys_off_policy_arms_sample_every_16_steps_for_64(tmp_path
         assert shape.count("--max_steps") == shape.count("--batch_size") == 1
         assert ("--sample_every 16" in shape) == ("N = 16" in name) and ("--humanline" in shape) == ("k = " in name)
         assert ("--sync_every 4" in shape) == name.endswith("k = 4")
+        assert ("--beta 0 --eps 1e9" in shape) == name.endswith("no anchor")  # the control
 
 
 def test_the_paired_test_is_the_t_distributions_closed_form_with_two_degrees_of_freedom():
