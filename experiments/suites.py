@@ -511,7 +511,8 @@ real_suites("addition", "addition", *FIRST_STUDY, welch=True)
 PLAN = 'The plan of these runs: docs/results.md, "The second study", committed before them in d6a9b86.'
 real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, grow=True, note=PLAN)
 OFFPOLICY = (OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY)
-real_suites("addition", "offpolicy_addition", *OFFPOLICY, grow=True, more=["signal"], note=PLAN)
+AMENDED = PLAN + " Its amendment, the off-policy control without an anchor: 2508d99, before that arm's runs."
+real_suites("addition", "offpolicy_addition", *OFFPOLICY, grow=True, more=["signal"], note=AMENDED)
 
 
 def quartile_note(results):
