@@ -342,7 +342,7 @@ def test_checkpoints_are_written_in_the_models_dtype_rotated_and_the_final_model
 
 
 PEAK_SHAPES = {  # Llama shapes and the flags of a DPO step: 10-13M parameters, 512-768 tokens per forward (a real
-    # model's shape adds no term to the plan; on a CPU without bf16 instructions a bf16 step takes 5x fp32's time)
+    # model's shape adds no term to the plan; on a CPU without bf16 instructions a bf16 step takes up to 5x fp32's)
     "untied, 8 layers": (
         runs.llama_sizes(vocab=8000, hidden=256, mlp=768, layers=8, heads=4),
         dict(batch_size=2, micro_batch_size=2, max_length=128, gradient_checkpointing=False),
