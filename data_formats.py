@@ -9,12 +9,21 @@ line that names the file, the row and the column (docs/data.md lists the formats
 The scripts call `load_data`; like plumbing.py, it imports no script.
 """
 
+import copy
 import os
+from typing import NamedTuple
 
 import math_rewards
 import toy_task
 
 SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}  # local data files
+ENCODED = {}  # the toy's rows, encoded once per process (a process that runs many short runs reads them once)
+
+
+class Row(NamedTuple):  # an encoded row of preferences or unpaired examples
+    prompt_ids: list
+    completion_ids: list  # [chosen, rejected], or [completion]
+    labels: list  # [True, False], or [desirable?]
 
 
 def fail(condition, message):  # one line, no traceback (as plumbing.fail)
@@ -29,8 +38,27 @@ def load_data(args, kind, tokenizer, rt, need=1):
     name = args.eval_prompts if kind == "eval" else args.dataset
     if name == "none" and kind == "eval":
         return []
-    if name == "toy" or name.startswith("toy:"):
-        name = toy_task.data_file(args.toy, name, kind)
+    if not (name == "toy" or name.startswith("toy:")):
+        return checked(*read_rows(name, kind, args, tokenizer), name, need, rt)
+    name = toy_task.data_file(args.toy, name, kind)
+    # the toy's files are digest-checked at start-up: encoded once per process, each run given a copy
+    settings = (args.dataset_split, args.max_prompt_length, args.max_length, args.as_chat, args.system_prompt)
+    key = (name, kind, tokenizer.name_or_path, *settings, kind == "eval" and args.num_eval_prompts)
+    if key not in ENCODED:
+        ENCODED[key] = read_rows(name, kind, args, tokenizer)
+    rows, cut = ENCODED[key]
+    return checked(copy.deepcopy(rows), cut, name, need, rt)
+
+
+def checked(rows, cut, name, need, rt):  # the rows, unless fewer than `need`; the first process says what was cut
+    fail(len(rows) < need, f"{name}: {len(rows)} rows, fewer than the {need} that one batch or round takes")
+    if any(cut.values()) and rt.rank == 0:
+        print(f"{name}: {cut} (cut to --max_prompt_length, --max_length; unknown: what the tokenizer cannot encode)")
+    return rows
+
+
+def read_rows(name, kind, args, tokenizer):
+    """(encoded rows, what was cut) of a hub dataset or a local file (`kind` as load_data's)."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -50,16 +78,11 @@ def load_data(args, kind, tokenizer, rt, need=1):
         raise SystemExit(f"{name}: {type(cause).__name__}: {(str(cause).strip() or ' ').splitlines()[0]}") from None
     fail(not rows, f"{name}: no rows")
     if kind in ("preferences", "examples"):
-        encoded, cut = encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
-    else:
-        encoded = [prompt_row(r, f"{name}: row {i}", args) for i, r in enumerate(rows)]
-        encoded = encoded[: args.num_eval_prompts if kind == "eval" else None]
-        texts = [as_text(r["prompt"], f"{name}: row {i}, column 'prompt'", tokenizer) for i, r in enumerate(encoded)]
-        cut = {"prompts": sum(len(prompt_ids(tokenizer, t)) > args.max_prompt_length for t in texts)}
-    fail(len(encoded) < need, f"{name}: {len(encoded)} rows, fewer than the {need} that one batch or round takes")
-    if any(cut.values()) and rt.rank == 0:
-        print(f"{name}: {cut} (cut to --max_prompt_length, --max_length; unknown: what the tokenizer cannot encode)")
-    return encoded
+        return encode_rows(rows, tokenizer, args, name, unpaired_ok=kind == "examples")
+    encoded = [prompt_row(r, f"{name}: row {i}", args) for i, r in enumerate(rows)]
+    encoded = encoded[: args.num_eval_prompts if kind == "eval" else None]  # training prompts are never cut
+    texts = [as_text(r["prompt"], f"{name}: row {i}, column 'prompt'", tokenizer) for i, r in enumerate(encoded)]
+    return encoded, {"prompts": sum(len(prompt_ids(tokenizer, t)) > args.max_prompt_length for t in texts)}
 
 
 def prompt_row(row, where, args):
@@ -123,7 +146,7 @@ def prompt_ids(tokenizer, prompt_text):
 
 
 def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
-    """Checked, tokenised rows: (prompt_ids, [completion_ids], labels). A preference row ([prompt,] chosen, rejected)
+    """Checked, tokenised rows: Row(prompt_ids, [completion_ids], labels). A preference row ([prompt,] chosen, rejected)
     gives [chosen, rejected] labelled [True, False]; an unpaired row ([prompt,] completion, label; if unpaired_ok)
     [completion], [label]. The prompt keeps its last --max_prompt_length tokens, a completion its first
     --max_length - prompt: returns (rows, {what: how many were cut, and how many unknown tokens})."""
@@ -150,5 +173,5 @@ def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
         cut["unknown tokens"] += sum(ids.count(tokenizer.unk_token_id) for ids in [p, *completions])
         cut["completions"] += sum(len(p) + len(c) > args.max_length for c in completions)
         labels = [row["label"]] if unpaired else [True, False]
-        out.append((p, [c[: args.max_length - len(p)] for c in completions], labels))
+        out.append(Row(p, [c[: args.max_length - len(p)] for c in completions], labels))
     return out, cut

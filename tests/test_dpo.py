@@ -745,6 +745,7 @@ def test_help_lists_every_argument_the_methods_first():
         [sys.executable, "dpo_humanline.py", "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert runs.help_text("dpo_humanline.py") == proc.stdout  # what the other tests of --help read, in their process
     listed = [line.split()[0].rstrip(",") for line in proc.stdout.splitlines() if line.startswith("  --")]
     names = [f.name for f in dataclasses.fields(Args)]
     assert sorted(listed) == sorted(f"--{n}" for n in names + ["no_fp32_head", "no_eval_at_start"])

@@ -23,6 +23,7 @@ from unittest import mock
 
 import gpu_path_helper
 import pytest
+import runs
 import torch
 from paths import ROOT
 from test_formats import llama, local_config, parsed, train, write  # noqa: F401 (llama: a fixture, by name below)
@@ -204,7 +205,7 @@ def test_the_same_flags_where_they_act_start():
 
 @pytest.mark.parametrize("script", ["dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py"])
 def test_micro_batch_sizes_help_says_what_unset_gives_a_real_model(script):
-    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    out = runs.help_text(script)
     text = " ".join(out.split("\n  --micro_batch_size", 1)[1].split("--gradient_checkpointing")[0].split())
     assert "unset: all (toy)," in text and (text.endswith("else 4. (default: None)") or "else up to 4." in text)
 

@@ -386,6 +386,7 @@ def peaks(tmp_path_factory):
         return dict(pool.map(measure, cases))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("name", sorted(PEAK_SHAPES))
 def test_the_memory_plan_is_within_20_percent_of_the_measured_peak(name, precision, peaks):

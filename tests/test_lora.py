@@ -161,7 +161,7 @@ def test_names_that_match_no_linear_layer_stop_before_the_weights_load_and_peft_
 
 @pytest.mark.parametrize("script", ["dpo_humanline.py", "kto_humanline.py", "grpo_humanline.py"])
 def test_the_lora_flags_are_listed_with_the_methods_flags(script):
-    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    out = runs.help_text(script)
     flags = [line.split()[0] for line in out.splitlines() if line.strip().startswith("--")]
     adapters = [flags.index(f) for f in ("--lora_r", "--lora_alpha", "--lora_target_modules")]
     assert adapters == sorted(adapters) and adapters[-1] < flags.index("--ref_free") < flags.index("--eval_prompts")

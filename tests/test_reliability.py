@@ -533,6 +533,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(unin
     same_models(uninterrupted[0], str(out))
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_leaves_complete_checkpoints_and_resume_is_exact(uninterrupted, tmp_path):
     out, rng = tmp_path / "run", random.Random()
     seed = rng.randrange(10**6)
@@ -658,6 +659,7 @@ def test_only_rank_0_writes(two_processes):
         assert_loadable(os.path.join(out, d), world=2)
 
 
+@pytest.mark.slow
 def test_sigterm_to_torchrun_checkpoints_every_process_and_resume_is_exact(two_processes, tmp_path):
     out = tmp_path / "run"
     started = Started("dpo_humanline.py", [*TWO, "--save_every", "0"], out, nproc=2)
@@ -702,6 +704,7 @@ def without_exit_barrier(output):
     return "".join(line for line in output.splitlines(True) if "elastic/agent/server/api.py" not in line)
 
 
+@pytest.mark.slow
 def test_two_nodes_sharing_the_output_folder_train_and_checkpoint(tmp_path):
     out = tmp_path / "run"
     for rc, output in two_nodes(out, out, tmp_path / "node0", tmp_path / "node1", ["--save_every", "1"]):
@@ -711,6 +714,7 @@ def test_two_nodes_sharing_the_output_folder_train_and_checkpoint(tmp_path):
     assert_loadable(str(out / "checkpoint-2"), world=2)
 
 
+@pytest.mark.slow
 def test_a_node_that_does_not_see_the_output_folder_stops_every_process_with_one_line(tmp_path):
     """--output_dir run, relative, from two working directories: each node has a folder of its own, as with a
     node-local disk. Both stop at start-up with the line naming the folder: no hang, no checkpoint."""
@@ -724,6 +728,7 @@ def test_a_node_that_does_not_see_the_output_folder_stops_every_process_with_one
         assert not folder.exists() or os.listdir(folder) == [], os.listdir(folder)  # not a file written, not a probe
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_states_a_process_does_not_see_is_never_made(tmp_path):
     """A node that saw the folder at start-up loses sight of it (here process 1 writes its training state to a
     folder of its own): every process stops with one line and the checkpoint stays a temporary folder, never a
@@ -769,6 +774,7 @@ def rank_of(pid):
     return int(env[b"RANK"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds torchrun's workers through /proc (Linux)")
 def test_a_hung_then_dead_process_stops_the_run_within_the_timeout(tmp_path, toy):
     """Rank 1 is frozen (SIGSTOP): rank 0 fails its next collective after --dist_timeout instead of waiting

@@ -646,6 +646,7 @@ def test_under_fsdp2_the_callback_syncs_each_processs_shards_before_each_kth_upd
 # ---- DeepSpeed --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_under_deepspeed_the_update_comes_before_the_hook_and_the_callback_stops(tmp_path):
     """DeepSpeed (ZeRO-2) on a CPU under Trainer, one process (tests/support/deepspeed_helper.py): at each step a
     weight already holds the step's update at on_pre_optimizer_step (accelerate runs the engine's step inside

@@ -96,6 +96,20 @@ def run_here(script, flags, out, env=None):
     return records(out), printed.getvalue(), len(loads)
 
 
+def help_text(script):
+    """What `python script --help` prints (argparse at 80 columns, as in a pipe), from the script's own parser in this
+    process: test_dpo.py's help test launches the script itself for the same text."""
+    printed = io.StringIO()
+    with (
+        mock.patch.object(sys, "argv", [script, "--help"]),
+        mock.patch.dict(os.environ, {"COLUMNS": "80"}),
+        contextlib.redirect_stdout(printed),
+        contextlib.suppress(SystemExit),
+    ):
+        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    return printed.getvalue()
+
+
 def llama_sizes(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=None, mlp=None, tied=False):
     """A small Llama's config keys: `hidden` wide, an MLP of `mlp` (2 hidden), `kv_heads` key-value heads (all)."""
     sizes = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp or 2 * hidden, num_hidden_layers=layers)

@@ -136,6 +136,23 @@ def fork_worker(request, extra_env):
     return None
 
 
+def encode_the_toy():
+    """The toy's training rows as the scripts read them by default (pairs, KTO's examples, prompts), encoded once here
+    (data_formats keeps them per process): each child inherits them instead of spending a second on them."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+    import data_formats
+    import dpo_humanline
+    import plumbing
+
+    args = dpo_humanline.Args()
+    tokenizer = plumbing.load_tokenizer(args)
+    for kind in ("preferences", "examples", "prompts"):
+        data_formats.load_data(args, kind, tokenizer, SimpleNamespace(rank=0))
+    sys.path.pop(0)
+
+
 def serve():
     import gc
     import runpy
@@ -151,6 +168,7 @@ def serve():
     from transformers.models.llama import modeling_llama  # noqa: F401
 
     transformers.AutoModelForCausalLM  # noqa: B018  (resolves the lazy module)
+    encode_the_toy()
     gc.freeze()  # what is imported stays out of the children's collections (and out of exit_now's file search)
     for line in sys.stdin:
         request = json.loads(line)
