@@ -13,7 +13,7 @@ import plots
 import runner
 import suites
 from stat_tests import EQUIVALENCE_MARGIN, mean_se, new_seed_range, paired, significance
-from suites import CELLS, LORA_CELLS, MULTIPLES, SHARED_LR, SWEEP_SEEDS, paper_lr, rate_of
+from suites import CELLS, MULTIPLES, SHARED_LR, SWEEP_SEEDS, paper_lr, rate_of
 
 
 # ---- summaries -------------------------------------------------------------------------------------------------------
@@ -201,8 +201,9 @@ def paired_table(tests, margin):
         "The same comparisons paired by seed (the two rows of a seed see the same data in the same order and are "
         "scored on the same prompts): the mean of the per-seed differences with its 95% interval, the paired t-test "
         f"and the paired TOST within ±{margin:g}, each Holm-corrected over these comparisons, the smallest difference "
-        "these seeds could detect (80% power at 5%), and a bootstrap over the test prompts (each prompt's success "
-        "averaged over seeds) beside them; the verdict at 5%, from the paired tests:",
+        "these seeds could detect (80% power at the level Holm holds the test to: 5% over the tests left by rank of "
+        "p), and a bootstrap over the test prompts (each prompt's success averaged over seeds) beside them; the "
+        "verdict at 5%, from the paired tests:",
         "",
         *header(
             "comparison | seeds | difference (95% interval) | p (paired, Holm) | p (TOST, Holm) | detectable | "
@@ -332,86 +333,6 @@ def evidence(test):
     if test["verdict"] in ("higher", "lower"):
         return welch
     return tost if test["verdict"].startswith("equivalent") else f"{welch}, {tost}"
-
-
-def lora_tables(rows):
-    """LoRA against full fine-tuning: each variant's two rows side by side, then humanline's comparisons with each."""
-    by, tests = {r["config"]: r for r in rows}, significance(rows, suites.LORA_PAIRS)
-    verdict = {(t["a"], t["b"]): t for t in tests}
-    lines = [
-        "",
-        "Each variant with every weight trained and with LoRA adapters (final test reward, mean ± standard error; the "
-        "difference's verdict and Holm-corrected p as in the table above) and the two learning rates chosen:",
-        "",
-        *header("variant | full fine-tuning | LoRA | LoRA - full | LoRA's rate / full's"),
-    ]
-    for cell, _, _ in LORA_CELLS:
-        t, full, lora = verdict.get((f"{cell} lora", cell)), by.get(cell), by.get(f"{cell} lora")
-        if t:
-            rate = rate_of(lora["flags"])
-            lines.append(
-                f"| {cell} | {fmt(full['reward'])} | {fmt(lora['reward'])} | {t['diff']:+.3f} ({t['verdict']}, "
-                f"{evidence(t)}) | {rate / rate_of(full['flags']):g}x ({rate:g}) |"
-            )
-    lines += [
-        "",
-        "Humanline's comparisons with every weight trained (the difference of the means above) and with LoRA (its "
-        "verdict and Holm-corrected p as in the table above):",
-        "",
-        *header("comparison | full fine-tuning | LoRA"),
-    ]
-    for algo, other in [(a, b) for a in ("dpo", "grpo") for b in ("offline", "online")]:
-        a, b = f"{algo} offline+humanline", f"{algo} {other}"
-        t = verdict.get((f"{a} lora", f"{b} lora"))
-        if t and a in by and b in by:
-            full = np.mean(by[a]["rewards"]) - np.mean(by[b]["rewards"])
-            lines.append(f"| {a} vs {b} | {full:+.3f} | {t['diff']:+.3f} ({t['verdict']}, {evidence(t)}) |")
-    return lines
-
-
-def instance_tables(rows, main_rows):
-    """The main comparisons on each toy instance: instance 0 is the committed one (the main suite's runs)."""
-    main_rows = [r for r in main_rows if not r["config"].endswith("online+humanline")]
-    rows = [dict(r, config=f"instance 0: {r['config']}") for r in main_rows] + rows
-    by = {r["config"]: r for r in rows}
-    names = sorted({r["config"].split(": ")[0] for r in rows})
-    cells = list(dict.fromkeys(r["config"].split(": ")[1] for r in rows))
-    lines = [
-        "Final test reward (mean ± standard error over seeds; instance 0: the main suite's 5 seeds, others 3) on each "
-        "toy instance, at the variant's learning rate chosen on instance 0:",
-        "",
-        *header(" | ".join(["variant", *names])),
-    ]
-
-    def final(n, c):  # instance n's final reward of variant c
-        return fmt(by[f"{n}: {c}"]["reward"]) if f"{n}: {c}" in by else ""
-
-    def start(n):  # the starting policy: the runs' own evaluation at step 0 (no instance is built for the report)
-        at_0 = [
-            v for r in rows if r["config"].startswith(n + ":") for curve in r["curves"] for s, v, _ in curve if s == 0
-        ]
-        return f"{np.mean(at_0):.3f}" if at_0 else ""
-
-    lines += [f"| {c} | " + " | ".join(final(n, c) for n in names) + " |" for c in cells]
-    lines.append("| starting policy | " + " | ".join(start(n) for n in names) + " |")
-    verdicts, tested = {}, suites.instance_pairs([r["config"] for r in rows])
-    for n in names:  # Holm over each instance's comparisons
-        for t in significance(rows, [p for p in tested if p[0].startswith(n + ":")]):
-            verdicts[(n, t["comparison"].split(": ", 1)[1].replace(f" vs {n}: ", " vs "))] = t
-    pairs = list(dict.fromkeys(k[1] for k in verdicts))
-    lines += [
-        "",
-        "Each comparison on each instance (difference, verdict of Welch and TOST at 5%, Holm over the instance's "
-        "comparisons, and the p-values behind it) and whether the verdict is the same on all of them:",
-        "",
-        *header(" | ".join(["comparison", *names, "same on all"])),
-    ]
-    for p in pairs:
-        ts = [verdicts.get((n, p)) for n in names]
-        same = all(ts) and len({t["verdict"] for t in ts}) == 1
-        shown = " | ".join(f"{t['diff']:+.3f} ({t['verdict']}, {evidence(t)})" if t else "" for t in ts)
-        lines.append(f"| {p} | {shown} | {'yes' if same else 'no' if all(ts) else 'incomplete'} |")
-    return lines, rows
 
 
 # ---- the report ------------------------------------------------------------------------------------------------------
@@ -545,11 +466,6 @@ def settings(rows, ctx):
     return ["", "The settings of each variant, from its runs' args.json:", ""] + setup_table(rows)
 
 
-def instances(rows, ctx):
-    more, ctx.plotted = instance_tables(rows, ctx.main_rows)
-    return more + [""]
-
-
 SECTIONS = {
     "long": lambda rows, ctx: long_table(rows, ctx.entry.held_out),
     "tests": lambda rows, ctx: tests_table(
@@ -561,9 +477,7 @@ SECTIONS = {
     "time": lambda rows, ctx: time_ratios(rows),
     "settings": settings,
     "sweep": lambda rows, ctx: sweep_tables(rows, ctx.configs, suites.toy_start("valid")),
-    "instances": instances,
     "step 80": step_80_table,
-    "lora": lambda rows, ctx: lora_tables(rows),
     "real sweep": real_sweep_table,
     "real": real_table,
     "answers": answers,
@@ -574,13 +488,13 @@ SECTIONS = {
 
 def report(results, suite, configs, main_rows=(), mix_code=False, note=""):
     """Write `<suite>.md`, `<suite>.jsonl` and the plot from the suite's finished runs (its entry in suites.SUITES says
-    which tables; some read the main suite's `main_rows` too)."""
+    which tables; the ablations' step-80 table reads the main suite's `main_rows` too)."""
     entry, runs = suites.SUITES[suite], runner.load_runs(results, suite)
     rows = summarize(runs, configs)
     if not rows:
         print(f"{suite}: no finished runs yet")
         return rows
-    versions = code_versions(rows + (list(main_rows) if entry.with_main else []))
+    versions = code_versions(rows)
     if len(versions) > 1 and not mix_code:
         raise SystemExit(
             f"{suite}: its runs ran {len(versions)} versions of the code ({', '.join(versions)}); rerun the old "
@@ -603,12 +517,10 @@ def report(results, suite, configs, main_rows=(), mix_code=False, note=""):
         lines += [f"Ended before their last step, a whole pass of prompts giving no batch: {', '.join(early)}.", ""]
     ctx = SimpleNamespace(entry=entry, results=results, main_rows=list(main_rows), names=[r["config"] for r in rows])
     ctx.configs = configs
-    ctx.plotted = rows
     for section in entry.sections:
         lines += SECTIONS[section](rows, ctx)
     with open(os.path.join(results, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    # the instances' plot draws several starting policies: no one line for them
-    plots.plot(results, suite, entry, ctx.plotted, None if entry.with_main else entry.start())
+    plots.plot(results, suite, entry, rows, entry.start())
     return rows

@@ -1,11 +1,9 @@
 """Reproduce the paper's comparisons on the toy task and on a real model: rates chosen per variant, seeds, p-values.
 
     python experiments/run.py                      # the toy's suites, in order (543 runs, ~7 h on 2 cores; resumable)
-    python experiments/run.py --suite sweep        # or main, instances, offpolicy, ablations, quality, lora_sweep, lora
-    python experiments/run.py --suite lora_sweep && python experiments/run.py --suite lora   # LoRA against full
+    python experiments/run.py --suite sweep        # or main, offpolicy, ablations
     python experiments/run.py --report             # only rebuild the toy's tables and plots from finished runs
     python experiments/run.py --quick              # each code path of every toy suite, 2 steps (about 2.5 minutes)
-    python experiments/run.py --suite main --only "dpo offline" --new_seed 7   # rerun rows with an unused seed
     python experiments/run.py --suite constraints_sweep && python experiments/run.py --suite constraints   # real model
     python experiments/run.py --suite addition_sweep && python experiments/run.py --suite addition
 
@@ -19,7 +17,6 @@ per configuration) and `<suite>.png` from the archives. A table holds runs of on
 
 import argparse
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import report
 import runner
@@ -28,44 +25,12 @@ import suites
 RESULTS = os.path.join(runner.ROOT, "experiments", "results")
 
 
-def check_new_seed(results, suite, configs, seed, jobs):
-    """Run each finished configuration of a suite once more, with a seed it has not used (in `new_seed/`, apart from the
-    suite), and say whether the new run lands in its row's range for a new seed."""
-    rows = {r["config"]: r for r in report.summarize(runner.load_runs(results, suite), configs)}
-    configs = [c._replace(seeds=[seed]) for c in configs if c.name in rows and seed not in c.seeds]
-    if not configs:
-        raise SystemExit(f"{suite}: no finished configuration to compare with that has not already run seed {seed}")
-    check = os.path.join(results, "new_seed")
-    runs = runner.load_runs(check, suite)
-    todo = [
-        c for c in configs if not runner.finished(runs.get(runner.run_key(c.name, seed)), runner.max_steps_of(c.flags))
-    ]
-    with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(lambda c: runner.launch(check, suite, c.name, c.script, c.flags, seed), todo))
-    record = os.path.join(results, f"{suite}_new_seed.md")  # every check made, one line per configuration and seed
-    old = open(record).read().splitlines() if os.path.exists(record) else []
-    lines = {line.split(" ends at")[0]: line for line in old if " ends at" in line}
-    for new in report.summarize(runner.load_runs(check, suite), configs):
-        row, reward = rows[new["config"]], new["reward"][0]
-        lo, hi = row["new_seed"]
-        key = f"- {new['config']}: seed {seed}"
-        lines[key] = (
-            f"{key} ends at {reward:.3f}; its {row['seeds']} seeds {report.fmt(row['reward'])}, a new seed expected in "
-            f"{lo:.3f}-{hi:.3f}: {'inside' if lo <= reward <= hi else 'OUTSIDE'}"
-        )
-        print(lines[key][2:])
-    with open(record, "w") as f:
-        f.write(f"# {suite}: runs with a seed the table did not use (`--new_seed`)\n\n")
-        f.writelines(line + "\n" for line in sorted(lines.values()))
-
-
 def configurations(results, quick):
     """suite -> its configurations at the rates chosen so far; --quick: each code path once, 2 steps, paper's rates."""
     if not quick:
         chosen = report.choose_rates(results)
         return {name: entry.runs(results, chosen) for name, entry in suites.SUITES.items()}, chosen
     chosen = {c: suites.paper_lr(c) for c, _, _ in suites.CELLS}
-    chosen |= {f"{c} lora": suites.paper_lr(c) for c, _, _ in suites.LORA_CELLS}
     chosen |= {f"{task} {c}": suites.paper_lr(c) for task in suites.smollm2.TASKS for c in suites.REAL_ARMS}
     seen, out = set(), {}
     for name in sorted(suites.SUITES, key=lambda n: n != "main"):  # main first: the sweep adds no new path
@@ -83,19 +48,11 @@ def main():
     parser.add_argument("--report", action="store_true", help="only summarise finished runs")
     parser.add_argument("--only", default="", help="only configurations whose name contains this text")
     parser.add_argument("--mix_code", action="store_true", help="allow a table to hold runs of several code versions")
-    new_seed = "with --suite: rerun its finished configurations (those --only picks) with this seed, apart from the"
-    new_seed += " suite, and say whether each lands in its row's range for a new seed"
-    parser.add_argument("--new_seed", type=int, help=new_seed)
     parser.add_argument("--results", default=RESULTS, help="results directory (--quick: a `quick` folder in it)")
     args = parser.parse_args()
     results = os.path.join(args.results, "quick") if args.quick else args.results
     os.makedirs(results, exist_ok=True)
     chosen_suites = [n for n in names if not suites.SUITES[n].task] if args.suite == "all" else [args.suite]
-    if args.new_seed is not None:
-        if args.suite == "all":
-            parser.error("--new_seed needs --suite")
-        configs = [c for c in configurations(results, False)[0][args.suite] if args.only in c.name]
-        return check_new_seed(results, args.suite, configs, args.new_seed, args.jobs)
     real = os.path.exists(os.path.join(runner.ROOT, suites.smollm2.MODEL))
     if suites.SUITES[chosen_suites[0]].task and not (real or args.report):
         parser.error("the model is not made yet: python experiments/smollm2.py model")

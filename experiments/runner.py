@@ -165,7 +165,6 @@ def launch(results, suite, name, script, flags, seed, task=None):
 
 def run_suite(results, suite, entry, configs, jobs, only=""):
     """Every unfinished run of a suite's configurations (those whose name contains `only`), `jobs` at a time."""
-    entry.prepare(results, configs)
     runs = load_runs(results, suite)
     seeds = sorted({seed for c in configs for seed in c.seeds})  # seed by seed: a suite stopped part-way is paired
     todo = [(c.name, c.script, c.flags, s) for s in seeds for c in configs if only in c.name and s in c.seeds]

@@ -1,6 +1,7 @@
 """The statistics of a suite's report: mean and standard error over seeds, where one more seed should land, Welch's
 t-test of a difference and a TOST of equivalence between two rows' seeds, the same paired by seed (with a bootstrap over
-the held-out prompts), and Holm-Bonferroni over a table's comparisons. Each takes plain numbers or report rows.
+the held-out prompts), and Holm-Bonferroni over a table's comparisons. Each takes plain numbers or report rows; the
+tests are scipy.stats' own, Holm a few lines of numpy.
 """
 
 import json
@@ -17,7 +18,7 @@ def mean_se(values):
     NaN error for one seed."""
     v = np.array(values, dtype=float)
     v = v[~np.isnan(v)] if not np.isnan(v).all() else v
-    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+    return float(v.mean()), float(stats.sem(v)) if len(v) > 1 else math.nan
 
 
 def new_seed_range(values, level=0.95):
@@ -27,29 +28,29 @@ def new_seed_range(values, level=0.95):
     n = len(values)
     if n < 2:
         return math.nan, math.nan
-    half = stats.t.ppf((1 + level) / 2, n - 1) * np.std(values, ddof=1) * math.sqrt(1 + 1 / n)
-    return float(np.mean(values) - half), float(np.mean(values) + half)
+    spread = np.std(values, ddof=1) * math.sqrt(1 + 1 / n)
+    if spread == 0:  # every seed the same result (scipy's interval needs a spread)
+        return float(values[0]), float(values[0])
+    return tuple(float(x) for x in stats.t.interval(level, n - 1, loc=np.mean(values), scale=spread))
 
 
 def holm(pvalues):
     """Holm-Bonferroni adjusted p-values (step-down, monotone)."""
     order = np.argsort(pvalues)
-    adjusted, running = np.empty(len(pvalues)), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
-        adjusted[i] = running
+    steps = np.minimum(1.0, (len(pvalues) - np.arange(len(pvalues))) * np.asarray(pvalues, float)[order])
+    adjusted = np.empty(len(pvalues))
+    adjusted[order] = np.maximum.accumulate(steps)
     return adjusted
 
 
 def tost(a, b, margin):
     """Two one-sided Welch t-tests of |mean(a) - mean(b)| < margin: a small p shows the two equivalent within it."""
     a, b = np.asarray(a, float), np.asarray(b, float)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    d = a.mean() - b.mean()
-    if va + vb == 0:
-        return 0.0 if abs(d) < margin else 1.0
-    se, df = math.sqrt(va + vb), (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return float(max(stats.t.sf((d + margin) / se, df), stats.t.cdf((d - margin) / se, df)))
+    if a.var() + b.var() == 0:  # no spread: scipy's t is undefined, the answer certain
+        return 0.0 if abs(a.mean() - b.mean()) < margin else 1.0
+    above = stats.ttest_ind(a + margin, b, equal_var=False, alternative="greater").pvalue  # H0: a - b <= -margin
+    below = stats.ttest_ind(a - margin, b, equal_var=False, alternative="less").pvalue  # H0: a - b >= margin
+    return float(max(above, below))
 
 
 def significance(rows, pairs, margin=EQUIVALENCE_MARGIN):
@@ -66,8 +67,9 @@ def significance(rows, pairs, margin=EQUIVALENCE_MARGIN):
 def paired(rows, pairs, margin, resamples=10_000):
     """Each comparison (a, b) of configurations run with the same seeds (and scored on the same prompts), read from
     paired differences (paired_test) with the Holm correction over the pairs, and beside them a bootstrap over the
-    held-out prompts (prompt_bootstrap). The verdict as significance's, from the paired tests."""
-    by, tests = {r["config"]: r for r in rows}, []
+    held-out prompts (prompt_bootstrap). The verdict as significance's, from the paired tests; the difference the
+    seeds could detect at the level Holm holds each test to (5% / the tests not yet passed, by rank of p)."""
+    by, tests, differences = {r["config"]: r for r in rows}, [], []
     for a, b in [(a, b) for a, b in pairs if a in by and b in by]:
         runs = [
             {s["seed"]: (x, ans) for s, x, ans in zip(by[c]["args"], by[c]["rewards"], by[c]["answers"])}
@@ -76,9 +78,12 @@ def paired(rows, pairs, margin, resamples=10_000):
         seeds = sorted(set(runs[0]) & set(runs[1]))
         if len(seeds) > 1:
             test = dict(a=a, b=b, comparison=f"{a} vs {b}", seeds=len(seeds))
-            test |= paired_test([runs[0][s][0] - runs[1][s][0] for s in seeds], margin)
+            differences.append([runs[0][s][0] - runs[1][s][0] for s in seeds])
+            test |= paired_test(differences[-1], margin)
             test["prompts_ci"] = prompt_bootstrap([[side[s][1] for s in seeds] for side in runs], resamples)
             tests.append(test)
+    for rank, i in enumerate(np.argsort([t["p"] for t in tests])):
+        tests[i]["detectable"] = paired_test(differences[i], margin, 0.05 / (len(tests) - rank))["detectable"]
     return verdicts(tests, margin)
 
 
@@ -94,19 +99,21 @@ def verdicts(tests, margin):
     return tests
 
 
-def paired_test(differences, margin):
+def paired_test(differences, margin, level=0.05):
     """Of per-seed differences: their mean and its 95% t-interval, the paired t-test's p, the paired TOST's p (within
-    +-margin), and the smallest difference these seeds could detect (80% power at 5%, from their spread)."""
+    +-margin), and the smallest difference these seeds could detect (80% power at `level`, from their spread)."""
     d = np.asarray(differences, float)
-    n, mean, se = len(d), float(d.mean()), float(d.std(ddof=1)) / math.sqrt(len(d))
-    q = stats.t.ppf(0.975, n - 1)
-    if se == 0:  # every seed the same difference: the tests are certain
-        p, p_tost = float(mean == 0), float(abs(mean) >= margin)
+    n, mean, se = len(d), float(d.mean()), float(stats.sem(d))
+    if se == 0:  # every seed the same difference: scipy's t is undefined, the tests certain
+        p, p_tost, ci = float(mean == 0), float(abs(mean) >= margin), (mean, mean)
     else:
-        p = float(2 * stats.t.sf(abs(mean) / se, n - 1))
-        p_tost = float(max(stats.t.sf((mean + margin) / se, n - 1), stats.t.cdf((mean - margin) / se, n - 1)))
-    detectable = float((q + stats.t.ppf(0.8, n - 1)) * se)
-    return dict(diff=mean, ci=(mean - q * se, mean + q * se), p=p, p_tost=p_tost, detectable=detectable)
+        test = stats.ttest_1samp(d, 0.0)
+        p, ci = float(test.pvalue), tuple(float(x) for x in test.confidence_interval(0.95))
+        above = stats.ttest_1samp(d, -margin, alternative="greater").pvalue  # H0: the difference <= -margin
+        below = stats.ttest_1samp(d, margin, alternative="less").pvalue  # H0: the difference >= margin
+        p_tost = float(max(above, below))
+    detectable = float((stats.t.ppf(1 - level / 2, n - 1) + stats.t.ppf(0.8, n - 1)) * se)
+    return dict(diff=mean, ci=ci, p=p, p_tost=p_tost, detectable=detectable)
 
 
 def prompt_bootstrap(answers, resamples):
@@ -123,5 +130,7 @@ def prompt_bootstrap(answers, resamples):
     if not shared:
         return math.nan, math.nan
     diff = np.array([means[0][k] - means[1][k] for k in shared])
-    draws = diff[np.random.default_rng(0).integers(0, len(diff), (resamples, len(diff)))].mean(1)
-    return float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
+    if np.ptp(diff) == 0:  # every prompt the same difference: so is every resample's mean
+        return float(diff[0]), float(diff[0])
+    boot = stats.bootstrap((diff,), np.mean, n_resamples=resamples, method="percentile", random_state=0)
+    return float(boot.confidence_interval.low), float(boot.confidence_interval.high)

@@ -36,7 +36,6 @@ PAPER_LR |= {"grpo offline": 5e-6, "grpo online": 5e-6}
 MULTIPLES = (0.25, 0.5, 1, 2, 4)  # the sweep, x the paper's rate (humanline variants may need 0.1x-4x, the paper says)
 SHARED_LR = 5e-6  # one rate in every variant's sweep (the scripts' default): the shared-rate table
 SWEEP_SEEDS, SEEDS, FEW_SEEDS = (100, 101, 102), (0, 1, 2, 3, 4), (0, 1, 2)  # the sweep's seeds are used nowhere else
-INSTANCES = (1, 2)  # toy instances built from these seeds (the committed one is seed 0)
 CURVE = ["--eval_every", "10"]  # test prompts, at step 0 and every 10 steps
 VALIDATION = ["--eval_prompts", "toy:valid", "--eval_every", "0"]  # validation prompts, at the end
 MODES = {
@@ -46,11 +45,6 @@ MODES = {
     "online+humanline": ["--online", "--humanline"],
 }
 CELLS = [(f"{a} {mode}", f"{a}_humanline.py", flags) for a in ("dpo", "kto", "grpo") for mode, flags in MODES.items()]
-# does humanline survive LoRA? DPO and GRPO offline, offline+humanline and online, adapters of rank 8 on every linear
-# layer against full fine-tuning; adapters train at larger rates (the grid: 2.5x-40x the paper's rate)
-LORA_RANK = ["--lora_r", "8"]
-LORA_MULTIPLES = (2.5, 5, 10, 20, 40)
-LORA_CELLS = [c for c in CELLS if c[0].split()[0] in ("dpo", "grpo") and c[0].split()[1] != "online+humanline"]
 # the real model: each task's variants, rates 1x, 4x and 16x the paper's, one seed each in the sweep (the budget's)
 REAL_MODES, REAL_MULTIPLES, REAL_SWEEP_SEEDS = ("offline", "offline+humanline", "online"), (1, 4, 16), (100,)
 REAL_SEEDS = {"dpo": SEEDS, "kto": FEW_SEEDS, "grpo": SEEDS}  # KTO's cut first, as the budget allows
@@ -71,12 +65,11 @@ def lr_flags(rate):
     return ["--learning_rate", f"{rate:g}"]
 
 
-def rates_line(chosen, cells, lora=False):
+def rates_line(chosen, cells):
     """The line under a suite's title: the rates its rows ran at."""
     names = {c for c, _, _ in cells}
-    rates = [(c, r) for c, r in chosen.items() if c.removesuffix(" lora") in names and (lora or c in names)]
-    listed = ", ".join(f"{c} {r:g}" for c, r in rates) or "none yet"
-    return f"Learning rates chosen on the validation prompts (the sweep{' and lora_sweep' * lora}): {listed}."
+    listed = ", ".join(f"{c} {r:g}" for c, r in chosen.items() if c in names) or "none yet"
+    return f"Learning rates chosen on the validation prompts (the sweep): {listed}."
 
 
 def best_rates(configs, rewards):
@@ -112,20 +105,6 @@ def sweep(results, chosen):
 
 def main(results, chosen):
     return [Config(c, s, f + lr_flags(chosen[c]) + CURVE, SEEDS) for c, s, f in CELLS if c in chosen]
-
-
-def instances(results, chosen):
-    out = []
-    for inst in INSTANCES:
-        paths = instance_paths(results, inst)
-        data = {"--offline": ["--dataset", paths.offline["strong"]], "--online": ["--dataset", paths.prompts_train]}
-        where = ["--model_name_or_path", paths.model, "--eval_prompts", paths.prompts_test]
-        out += [
-            Config(f"instance {inst}: {c}", s, f + data[f[0]] + lr_flags(chosen[c]) + CURVE + where, FEW_SEEDS)
-            for c, s, f in CELLS
-            if c in chosen and not c.endswith("online+humanline")
-        ]
-    return out
 
 
 def offpolicy(results, chosen):
@@ -198,59 +177,6 @@ def ablations(results, chosen):
             for name, f in probes
         ]
     return out
-
-
-def quality(results, chosen):
-    if "dpo offline+humanline" not in chosen:  # one rate: offline+humanline DPO's
-        return []
-    lr, name = lr_flags(chosen["dpo offline+humanline"]) + CURVE, "dpo offline+humanline"
-    runs = [(f"quartile {q} of the data", quartile_file(results, q), "30") for q in (1, 2, 3, 4)]
-    # the other source: the weak model's 755 pairs (proxy -0.60) against as many of the strong's (-0.11), one epoch
-    runs += [(f"the {source} source's data, 23 steps", f"toy:{source}", "23") for source in ("weak", "strong")]
-    flags = lambda data, steps: ["--humanline", "--dataset", data, "--max_steps", steps] + lr  # noqa: E731
-    return [Config(f"{name}, {what}", "dpo_humanline.py", flags(data, steps), FEW_SEEDS) for what, data, steps in runs]
-
-
-def lora_sweep(results, chosen):
-    rates = [(c, s, f, m * paper_lr(c)) for c, s, f in LORA_CELLS for m in LORA_MULTIPLES]
-    return [
-        Config(f"{c} lora lr {lr:g}", s, f + LORA_RANK + lr_flags(lr) + VALIDATION, SWEEP_SEEDS, f"{c} lora", lr)
-        for c, s, f, lr in rates
-    ]
-
-
-def lora(results, chosen):  # each at its own rate: full fine-tuning's from the sweep, LoRA's from lora_sweep
-    return [
-        Config(f"{c}{kind}", s, f + more + lr_flags(chosen[c + kind]) + CURVE, FEW_SEEDS)
-        for c, s, f in LORA_CELLS
-        for kind, more in (("", []), (" lora", LORA_RANK))
-        if c + kind in chosen
-    ]
-
-
-def instance_paths(results, seed):
-    """A toy instance built on this machine from `seed` by the recipe of the committed one (seed 0), cached beside the
-    results (the runner builds it); --quick uses tiny ones."""
-    return toy_task.cached(os.path.join(results, "instances"), instance_config(results, seed))
-
-
-def instance_config(results, seed):
-    return toy_task.ToyConfig(seed=seed, **(TINY if os.path.basename(results) == "quick" else {}))
-
-
-TINY = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, sft_steps=20, strong_steps=5, weak_step=10)
-TINY |= dict(n_train_prompts=256, n_test_prompts=32, n_valid_prompts=32)
-TINY |= dict(offline_prompts=(("strong", 256), ("weak", 64)))
-
-
-def build_instances(results, configs):
-    for seed in [s for s in INSTANCES if any(c.name.startswith(f"instance {s}:") for c in configs)]:
-        built = toy_task.build(os.path.join(results, "instances"), instance_config(results, seed), verbose=False)
-        print(f"toy instance {seed}: {built.root}", flush=True)
-
-
-def quartile_file(results, q):
-    return os.path.join(results, "quality_data", f"quartile{q}.jsonl")
 
 
 # ---- the real model's suites -----------------------------------------------------------------------------------------
@@ -360,8 +286,6 @@ class Suite:
     chooses_rates: bool = False  # a rate sweep: its configurations' variant and rate (report.choose_rates)
     model: str = "toy task"
     task: str = None  # the real model's task: runs only when named; its runs checkpoint and measure quality
-    prepare: Callable = lambda results, configs: None  # makes what the runs read (instances, data) before they start
-    with_main: bool = False  # its table reads the main suite's rows too (their code counts in its provenance)
     arms: tuple = None  # a real model's sweep: (the prefix of its rates' keys, its arms), for its table
 
 
@@ -387,15 +311,6 @@ def main_pairs(names):
     ]
 
 
-def instance_pairs(names):
-    return [
-        (f"{prefix}{a} {x}", f"{prefix}{a} {y}")
-        for prefix in sorted({n.split(": ")[0] + ": " for n in names})
-        for a in ("dpo", "kto", "grpo")
-        for x, y in (("offline+humanline", "offline"), ("offline+humanline", "online"))
-    ]
-
-
 OFFPOLICY_PAIRS = [
     ("grpo off-policy+humanline k=16", "grpo online (sample every step)"),
     ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)"),
@@ -409,18 +324,11 @@ ABLATION_PAIRS = [("dpo sync only", BOTH), ("dpo clamp only", BOTH), (BOTH, "dpo
 ABLATION_PAIRS += [("dpo trust-region sync+clamp", BOTH)]
 ABLATION_PAIRS += [("grpo offline, beta 0 (clip probe)", "grpo offline (clip probe)")]
 ABLATION_PAIRS += [("grpo offline, beta 0, eps 100 (clip probe)", "grpo offline, beta 0 (clip probe)")]
-DATA = "dpo offline+humanline, {}"
-QUALITY_PAIRS = [(DATA.format("quartile 4 of the data"), DATA.format("quartile 1 of the data"))]
-QUALITY_PAIRS += [(DATA.format("the weak source's data, 23 steps"), DATA.format("the strong source's data, 23 steps"))]
-LORA_PAIRS = [(f"{a} offline+humanline lora", f"{a} {b} lora") for a in ("dpo", "grpo") for b in ("offline", "online")]
-LORA_PAIRS += [
-    (f"{a} {m} lora", f"{a} {m}") for a in ("dpo", "grpo") for m in ("offline", "offline+humanline", "online")
-]
 REAL_PAIRS = [(f"{a} offline+humanline", f"{a} {b}") for a in ("dpo", "kto", "grpo") for b in ("offline", "online")]
 
 
-def chosen_rates(cells, lora=False):
-    return lambda results, chosen: rates_line(chosen, cells, lora)
+def chosen_rates(cells):
+    return lambda results, chosen: rates_line(chosen, cells)
 
 
 SUITES = {
@@ -431,16 +339,6 @@ SUITES = {
         pairs=main_pairs,
         plot="curves",
         note=chosen_rates(CELLS),
-    ),
-    "instances": Suite(
-        runs=instances,
-        sections=("instances", "long"),
-        pairs=instance_pairs,
-        plot="curves",
-        group=lambda name: name.split(": ")[0] + ": " + name.split(": ")[1].split()[0],
-        note=chosen_rates(CELLS),
-        with_main=True,
-        prepare=lambda results, configs: build_instances(results, configs),
     ),
     "offpolicy": Suite(
         runs=offpolicy,
@@ -454,19 +352,6 @@ SUITES = {
         sections=("long", "tests", "time", "step 80"),
         pairs=lambda n: ABLATION_PAIRS,
         note=chosen_rates(CELLS),
-    ),
-    "quality": Suite(
-        runs=quality,
-        pairs=lambda n: QUALITY_PAIRS,
-        note=lambda results, chosen: quartile_note(results) + "\n\n" + rates_line(chosen, CELLS),
-        prepare=lambda results, configs: quartile_note(results),
-    ),
-    "lora_sweep": Suite(runs=lora_sweep, held_out="the toy's 256 validation prompts", chooses_rates=True),
-    "lora": Suite(
-        runs=lora,
-        sections=("long", "tests", "time", "lora"),
-        pairs=lambda n: LORA_PAIRS,
-        note=chosen_rates(LORA_CELLS, lora=True),
     ),
 }
 
@@ -513,21 +398,3 @@ real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, 
 OFFPOLICY = (OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY)
 AMENDED = PLAN + " Its amendment, the off-policy control without an anchor: 2508d99, before that arm's runs."
 real_suites("addition", "offpolicy_addition", *OFFPOLICY, grow=True, more=["signal"], note=AMENDED)
-
-
-def quartile_note(results):
-    """The data-quality proxy's quartiles of the toy's `strong` data (the mean token log-prob of a pair under the
-    starting policy, lowest first), written for the quality suite to train on: their ranges."""
-    rows = [json.loads(line) for line in open(toy_task.load().offline["strong"])]
-    rows.sort(key=lambda r: (r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2)
-    os.makedirs(os.path.dirname(quartile_file(results, 1)), exist_ok=True)
-    ranges = []
-    for q in range(4):
-        part = rows[q * len(rows) // 4 : (q + 1) * len(rows) // 4]
-        with open(quartile_file(results, q + 1), "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in part)
-        proxy = [(r["chosen_ref_logp"] + r["rejected_ref_logp"]) / 2 for r in part]
-        ranges.append((min(proxy), max(proxy), len(part)))
-    return "Data-quality proxy ranges (mean token log-prob under the starting policy), quartiles 1-4: " + ", ".join(
-        f"[{lo:.3f}, {hi:.3f}] ({n} pairs)" for lo, hi, n in ranges
-    )

@@ -485,77 +485,6 @@ def test_new_seed_range_by_hand():
     assert all(math.isnan(v) for v in stat_tests.new_seed_range([0.8]))
 
 
-def test_a_new_seed_is_checked_against_its_rows_range(tmp_path, monkeypatch, capsys):
-    results = str(tmp_path)
-    configs = [c for c in dpo_main(results) if c[0] in ("dpo offline", "dpo online")]
-    for name, _, flags, seeds, *_ in configs:
-        for seed in seeds:
-            fake_run(results, "main", name, seed, [(0, 0.4), (120, 0.80 + 0.01 * seed)])  # 0.80-0.84: range 0.772-0.868
-    new = {"dpo offline": 0.85, "dpo online": 0.90}
-    launched = []
-
-    def launch(where, suite, name, script, flags, seed, task=None):
-        launched.append((name, seed))
-        fake_run(where, suite, name, seed, [(0, 0.4), (120, new[name])])
-
-    monkeypatch.setattr(runner, "launch", launch)
-    run.check_new_seed(results, "main", configs, 7, jobs=1)
-    out = capsys.readouterr().out
-    assert sorted(launched) == [("dpo offline", 7), ("dpo online", 7)]
-    assert "dpo offline: seed 7 ends at 0.850" in out and "expected in 0.772-0.868: inside" in out
-    assert "dpo online: seed 7 ends at 0.900" in out and "0.868: OUTSIDE" in out
-    run.check_new_seed(results, "main", configs, 7, jobs=1)  # finished: not run again
-    assert len(launched) == 2
-    record = open(os.path.join(results, "main_new_seed.md")).read()
-    assert record.count("- dpo o") == 2 and "- dpo offline: seed 7 ends at 0.850" in record  # one line each, kept
-    with pytest.raises(SystemExit, match="already run seed 3"):
-        run.check_new_seed(results, "main", configs, 3, jobs=1)
-
-
-def test_instance_tables_on_known_runs(tmp_path):
-    results = str(tmp_path)
-    chosen = {cell: suites.paper_lr(cell) for cell, _, _ in suites.CELLS}
-    configs = {name: suites.SUITES[name].runs(results, chosen) for name in ("main", "instances")}
-    main = [c for c in configs["main"] if c[0].startswith("dpo")]
-    inst = [c for c in configs["instances"] if c[0].startswith("instance 1: dpo")]
-    finals = {
-        "dpo offline": [0.80, 0.81, 0.82, 0.80, 0.81],
-        "dpo offline+humanline": [0.60, 0.61, 0.62, 0.60, 0.61],
-        "dpo online": [0.90, 0.91, 0.92, 0.90, 0.91],
-        "dpo online+humanline": [0.90] * 5,
-    }
-    for name, _, _, seeds, *_ in main:
-        for seed in seeds:
-            fake_run(results, "main", name, seed, [(0, 0.45), (120, finals[name][seed])])
-    same = [0.700, 0.701, 0.702]  # offline+humanline = offline on instance 1: equivalent there, lower on instance 0
-    finals1 = {"dpo offline": same, "dpo offline+humanline": same, "dpo online": [0.90, 0.91, 0.92]}
-    for name, _, _, seeds, *_ in inst:
-        for seed in seeds:
-            fake_run(results, "instances", name, seed, [(0, 0.5), (120, finals1[name.split(": ")[1]][seed])])
-    assert not os.path.exists(suites.instance_paths(results, 1).stats)  # no instance is built: the report needs none
-    main_rows = report.summarize(runner.load_runs(results, "main"), main)
-    lines, _ = report.instance_tables(report.summarize(runner.load_runs(results, "instances"), inst), main_rows)
-    table = "\n".join(lines)
-    assert "| dpo offline+humanline | 0.608 ± 0.004 | 0.701 ± 0.001 |" in table
-    assert "| starting policy | 0.450 | 0.500 |" in table  # each instance's runs at step 0
-    p_online = stats.ttest_ind(same, [0.90, 0.91, 0.92], equal_var=False).pvalue * 2  # Holm: the smaller of 2 p-values
-    p_equal = stat_tests.tost(same, same, 0.01) * 2
-    p0 = stat_tests.holm(
-        [
-            stats.ttest_ind(finals["dpo offline+humanline"], finals[b], equal_var=False).pvalue
-            for b in ("dpo offline", "dpo online")
-        ]
-    )
-    assert (
-        f"| dpo offline+humanline vs dpo offline | -0.200 (lower, p {p0[0]:.2g}) | +0.000 (equivalent (within ±0.01), "
-        f"TOST p {p_equal:.2g}) | no |"
-    ) in table  # the verdict differs between instances
-    assert (
-        "| dpo offline+humanline vs dpo online | -0.300 (lower, p " in table
-        and f"| -0.209 (lower, p {p_online:.2g}) | yes |" in table
-    )
-
-
 def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_path):
     """The documented `--report` (the toy's suites; each real-model suite by name), on a copy of the committed results
     only (no run folders, no built instances), writes every committed table and summary again, byte for byte."""
@@ -568,7 +497,7 @@ def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_pat
     names = {"setup.md"} | {f"{s}{x}" for s in suites.SUITES for x in (".md", ".jsonl")}
     tables = [f for f in files if os.path.basename(f) in names]
     real = [s for s, e in suites.SUITES.items() if e.task and f"experiments/results/{s}.tar.gz" in files]
-    assert len(tables) == 17 + 2 * len(real)  # the toy's 8 suites and setup.md, and each real-model suite run
+    assert len(tables) == 9 + 2 * len(real)  # the toy's 4 suites and setup.md, and each real-model suite run
     for f in set(files) - set(tables):  # the tables are left out: the report has to write them
         dest = tmp_path / os.path.relpath(f, "experiments/results")
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,6 @@ import contextlib
 import io
 import math
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 from unittest import mock
