@@ -595,6 +595,35 @@ def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path,
         assert table.count(said + "\n") == len(configs[0].seeds)
 
 
+def test_a_suite_queues_its_runs_seed_by_seed(tmp_path, monkeypatch):
+    """Every configuration's seed 0, then every configuration's seed 1: a suite stopped part-way holds paired arms."""
+    launched = []
+    monkeypatch.setattr(runner, "launch", lambda results, suite, name, script, flags, seed, task: launched.append(seed))
+    monkeypatch.setattr(runner, "pack", lambda results, suite: None)
+    configs = [suites.Config(name, "dpo_humanline.py", ["--max_steps", "2"], (0, 1, 2)) for name in "abc"]
+    runner.run_suite(str(tmp_path), "main", suites.SUITES["main"], configs, jobs=1)
+    assert launched == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("best", ["highest", "lowest"])
+def test_a_grid_grows_no_further_than_256x_and_a_quarter_of_the_papers_rate(tmp_path, best):
+    """Where the edge rate wins at every size of the grid, it grows 4x at a time to 256x the paper's rate (1.28e-3 for
+    GRPO's 5e-6) or down to 0.25x (1.25e-6), and stops there: the plans' limits."""
+    results, key = str(tmp_path), f"addition {suites.STUDY}grpo offline, no anchor"
+    sweep = lambda: [c for c in suites.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]  # noqa: E731
+    ran = set()
+    for _ in range(8):  # each round runs the grid's new rates, the edge one best
+        for c in [c for c in sweep() if c.name not in ran]:
+            reward = c.rate * 1e3 if best == "highest" else 1 - c.rate * 1e3
+            for seed in c.seeds:
+                fake_run(results, "anchor_sweep", c.name, seed, [(32, reward)], quality=True)
+            ran.add(c.name)
+    rates = [c.rate for c in sweep()]
+    edge = 1.28e-3 if best == "highest" else 1.25e-6
+    assert (max(rates) if best == "highest" else min(rates)) == pytest.approx(edge) and len(rates) == 5
+    assert report.choose_rates(results)[key] == pytest.approx(edge)
+
+
 def test_the_second_studys_sweep_grows_its_grid_past_an_edge_that_wins(tmp_path):
     """The plan's rule (docs/results.md): each arm's rates on the validation prompts with 2 seeds each; where the top
     rate wins, the grid grows by one rate 4x above it, and nothing is chosen until that rate has run every seed."""

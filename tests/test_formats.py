@@ -255,6 +255,30 @@ def test_a_toy_named_file_is_a_file(tmp_path, monkeypatch):
         data_formats.load_data(args, "preferences", tokenizer, rt, need=3)
 
 
+def test_only_the_evaluation_prompts_are_cut_to_num_eval_prompts(tmp_path):
+    """--num_eval_prompts 8: the evaluation reads the first 8 prompts; an online run samples from every training
+    prompt, of the toy's and of a file's."""
+    write(tmp_path / "prompts.jsonl", [{"prompt": f"{i}+1="} for i in range(20)])
+    rt = SimpleNamespace(rank=0, world=1)
+    for dataset, rows in (("toy", 4096), (str(tmp_path / "prompts.jsonl"), 20)):
+        args = args_for(grpo_humanline, online=True, dataset=dataset, eval_prompts=dataset, num_eval_prompts=8)
+        tokenizer = plumbing.load_tokenizer(args)
+        assert len(data_formats.load_data(args, "prompts", tokenizer, rt)) == rows
+        assert len(data_formats.load_data(args, "eval", tokenizer, SimpleNamespace(rank=0, world=1))) == 8
+
+
+def test_the_toys_rows_are_encoded_once_per_process_and_each_run_gets_its_own_copy():
+    args = args_for(dpo_humanline)
+    tokenizer, rt = plumbing.load_tokenizer(args), SimpleNamespace(rank=0, world=1)
+    first = data_formats.load_data(args, "preferences", tokenizer, rt)
+    first[0].completion_ids[0].append(-1)  # a run that changed its rows in place
+    again = data_formats.load_data(args, "preferences", tokenizer, rt)
+    assert again[0].completion_ids[0][-1] != -1 and again[1:] == first[1:]
+    rows = [json.loads(line) for line in open(args.toy.offline["strong"])]
+    assert [len(r.completion_ids) for r in again] == [2] * len(rows) == [2] * 4003
+    assert any(key[:2] == (args.toy.offline["strong"], "preferences") for key in data_formats.ENCODED)
+
+
 def test_prompts_longer_than_max_prompt_length_are_counted_when_loaded(llama, tmp_path, capsys):
     rows = PROMPT_SHAPES["prompt-only-conversational"] + [{"prompt": [user("A much longer question? " * 3)]}] * 2
     data = write(tmp_path / "prompts.jsonl", rows)

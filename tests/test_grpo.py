@@ -562,6 +562,15 @@ def test_a_step_whose_groups_all_tie_is_logged_as_without_signal(grpo_run):
     assert [r["grpo/no_signal"] for r in run.steps] == [1.0] * STEPS
 
 
+def test_without_signal_is_the_share_of_a_steps_sequences_whose_group_ties(grpo_run):
+    """Each step samples its own round (groups of 4, 2 a step, one micro-batch), some prompts tying every sample: the
+    step's grpo/no_signal is the share of its sequences with advantage 0, its round's share of tied groups."""
+    run = grpo_run(["--online", "--reward_funcs", "tests.support.faulty_rewards:some_ties"], micro=8).check()
+    tied = [r["online/zero_std_frac"] for r in run.rounds]
+    assert [r["grpo/no_signal"] for r in run.steps] == pytest.approx(tied) and len(tied) == STEPS
+    assert any(0 < share < 1 for share in tied)  # a step of groups with and without signal
+
+
 EVERY_4 = ["--online", "--sample_every", "4", "--max_steps", "5", "--save_every", "2"]
 
 

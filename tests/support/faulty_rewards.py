@@ -114,3 +114,18 @@ def finished_only(prompts, completions, finished, **columns):
     """1.0 for an answer that ended on its own, 0.0 for one cut at the token limit (the `finished` column the scripts
     pass every scorer), and a failed reward (None) for about one sample in four, fixed by its text."""
     return [None if kind(p, c) % 4 == 0 else float(f) for p, c, f in zip(prompts, completions, finished)]
+
+
+SCORED = {}  # prompt -> [the order in which it was first scored, how many of its samples were scored]
+
+
+def some_ties(prompts, completions, **columns):
+    """Every other prompt (in the order first scored) scores each sample 1.0; the others score each sample by its
+    order, 1, 2, 3, ...: a group of those has distinct rewards around a mean none of them equals, so no sequence of it
+    has advantage 0."""
+    out = []
+    for p in prompts:
+        order, count = SCORED.setdefault(p, [len(SCORED), 0])
+        SCORED[p][1] = count + 1
+        out.append(1.0 if order % 2 == 0 else float(count + 1))
+    return out
