@@ -82,13 +82,9 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     beta: float = arg(0.1, "DPO temperature.")
     seed: int = arg(0, "Random seed (data order, sampling).")
     # humanline
-    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(
-        None, "Sync the reference: humanline before the update, trust_region after; unset: none."
-    )
+    sync: Literal["none", "humanline", "trust_region"] = arg("none", "humanline: before an update, trust_region after.")
     sync_every: int = arg(1, "k: sync every k optimizer steps.")
-    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(
-        None, "Token log-ratios: clamp to [P, R], or sampling (Beta rejection); unset: none."
-    )
+    clip: Literal["none", "clamp", "sampling"] = arg("none", "Log-ratios: clamp to [P, R], or Beta rejection.")
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
@@ -131,12 +127,6 @@ def dpo_loss(
         "rewards/accuracies": (logits.detach() > 0).float(),
     }
     return -F.logsigmoid(logits), metrics
-
-
-def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
-    """Per sequence, the fraction of its completion tokens whose log-ratio is outside the clip."""
-    ratio = (policy_logps - ref_logps).detach()
-    return (((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 def best_worst_pairs(groups, threshold):
@@ -223,22 +213,23 @@ def forward_batches(batch, args, rank, world):
     return [(pairs, [(p, c) for p, c, _ in pairs] + [(p, r) for p, _, r in pairs]) for pairs in micro]
 
 
-def collate(sequences, pad_id, device):
+def collate(token_ids, pad_id, device):
     """(input_ids, attention_mask, loss_mask) of (prompt_ids, completion_ids), right-padded."""
-    width = max(len(p) + len(c) for p, c in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attn, loss_mask = torch.zeros(len(sequences), width, dtype=torch.long), torch.zeros(len(sequences), width)
-    for j, (p, c) in enumerate(sequences):
+    width = max(len(p) + len(c) for p, c in token_ids)
+    ids = torch.full((len(token_ids), width), pad_id, dtype=torch.long)
+    attn, loss_mask = torch.zeros(len(token_ids), width, dtype=torch.long), torch.zeros(len(token_ids), width)
+    for j, (p, c) in enumerate(token_ids):
         ids[j, : len(p) + len(c)], attn[j, : len(p) + len(c)] = torch.tensor(p + c), 1
         loss_mask[j, len(p) : len(p) + len(c)] = 1
     return ids.to(device), attn.to(device), loss_mask.to(device)
 
 
 def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.float32, temperature=1.0, chunk=1024):
-    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere. The LM head
-    and log-softmax run on completion positions only, `chunk` at a time, recomputed in the
-    backward, in `head_dtype` (fp32: with k = 1 the log-ratio humanline trains on is ~1e-3, below
-    bf16's rounding of large logits). No (batch, seq, vocab) logits: at 8B they would not fit."""
+    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere: plainly
+    logits[:, :-1].log_softmax(-1).gather(-1, input_ids[:, 1:, None]) * mask (docs/your-trainer.md,
+    tested against this). Here only completion positions reach the LM head, in chunks recomputed in
+    the backward, in `head_dtype` (fp32: k = 1's log-ratios, ~1e-3, are below bf16's rounding of large
+    logits), and no (batch, seq, vocab) logits are made: at 8B they would not fit."""
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     hidden = model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1]  # final norm
     where = loss_mask[:, 1:].bool()
@@ -327,7 +318,7 @@ def main():
     # data: every row is checked before any model loads, so that bad data stops a run in seconds
     if args.offline:
         rows = data_formats.load_data(args, "preferences", tokenizer, rt, need=args.batch_size)
-        train_pairs = [(p, c, r) for p, (c, r), _ in rows]
+        train_pairs = [(row.prompt_ids, *row.completion_ids) for row in rows]
         plumbing.plan_run(args, len(train_pairs), args.batch_size, "pairs", rt.rank)
     else:  # at most one pair per prompt: a round whose prompts keep fewer gives fewer steps
         train_prompts = data_formats.load_data(args, "prompts", tokenizer, rt, need=args.round_size)
@@ -343,7 +334,7 @@ def main():
 
     def step_inputs(s):  # step s's micro-batches as the models read them (None until sampled)
         forwards = forward_batches(step_batch(s), args, rt.rank, rt.world) if step_batch(s) else None
-        return forwards and [collate(sequences, tokenizer.pad_token_id, rt.device) for _, sequences in forwards]
+        return forwards and [collate(token_ids, tokenizer.pad_token_id, rt.device) for _, token_ids in forwards]
 
     # models: the policy and its reference, the scorer; the optimizer and schedule
     policy = load_model(args, rt).train()
@@ -368,8 +359,6 @@ def main():
         if eval_prompts and args.eval_at_start:  # every curve starts at the starting policy
             session.log({"step": 0} | evaluate())
 
-    update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
-    bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
     rounds_per_pass = math.ceil(len(train_prompts) / args.round_size) if args.online else None
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
@@ -394,8 +383,8 @@ def main():
         # the step: per micro-batch one forward per model on chosen and rejected concatenated
         sums = {}
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
-        for micro, (pairs, sequences) in enumerate(forwards):
-            inputs = collate(sequences, tokenizer.pad_token_id, rt.device)
+        for micro, (pairs, token_ids) in enumerate(forwards):
+            inputs = collate(token_ids, tokenizer.pad_token_id, rt.device)
             with rt.autocast():
                 ref_logps = reference.logps(state.step, micro, inputs)
                 policy_logps = token_logps(policy, *inputs, rt.head_dtype)
@@ -412,20 +401,22 @@ def main():
                 chosen_mask=mask[:n],
                 rejected_mask=mask[n:],
                 beta=args.beta,
-                log_eps_P=bounds[0],
-                log_eps_R=bounds[1],
+                log_eps_P=args.log_eps_P if args.clip == "clamp" else None,
+                log_eps_R=args.log_eps_R if args.clip == "clamp" else None,
             )
             (losses.sum() * rt.world / args.batch_size).backward()  # FSDP2 averages over processes
-            clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
+            clamped = plumbing.clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
             metrics |= {"loss": losses.detach(), "tokens": mask.sum(), "humanline/clamped_frac": clamped}
             metrics["logps/chosen"] = policy_logps[:n].detach().sum(-1) / mask[:n].sum(-1)
             metrics["logps/rejected"] = policy_logps[n:].detach().sum(-1) / mask[n:].sum(-1)
             plumbing.accumulate(sums, metrics)
 
         # the update (it syncs the reference); a non-finite loss skips it, a SIGTERM stops after it
-        skip, stop = session.agree(sums)
+        skip, stop = session.skip_or_stop(sums)
         lr = scheduler.get_last_lr()[0]
-        grad_norm = optimizer_step(policy, reference, optimizer, scheduler, **update, step=state.step, skip=skip)
+        grad_norm = optimizer_step(
+            policy, reference, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, state.step, skip
+        )
         state.step += 1
 
         # log, evaluate, checkpoint, stop

@@ -97,13 +97,9 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     kl_baseline: Literal["reference", "initial"] = arg("reference", "KL to the ratio's denominator or the initial.")
     seed: int = arg(0, "Random seed (data order, sampling).")
     # humanline
-    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(
-        None, "Sync the reference: humanline before the update, trust_region after; unset: none."
-    )
+    sync: Literal["none", "humanline", "trust_region"] = arg("none", "humanline: before an update, trust_region after.")
     sync_every: int = arg(1, "k: sync every k optimizer steps.")
-    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(
-        None, "Token log-ratios: clamp to [P, R], or sampling (Beta rejection); unset: none."
-    )
+    clip: Literal["none", "clamp", "sampling"] = arg("none", "Log-ratios: clamp to [P, R], or Beta rejection.")
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
@@ -119,6 +115,28 @@ class Args(RunArgs):  # RunArgs: how a run is kept
 
     def on_policy(self):  # sampled every step and never synced: no reference is kept (memory_plan asks it too)
         return self.online and self.sample_every == 1 and not self.pairs_from_samples and self.sync == "none"
+
+
+def flag_checks(a, given):  # GRPO's own, beside parse_args' checks of every flag: (bad, its line)
+    group = group_size(a)
+    online_only = a.offline and given & {"sample_every", "reward_funcs", "reward_weights"}
+    pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
+    funcs = (a.reward_funcs or "x").split(",")
+    weights = (a.reward_weights or a.reward_funcs or "x").split(",")
+    idle_beta = "--beta: on-policy the KL is to the sampler, the policy itself, so 0; --kl_baseline initial"
+    return [
+        (a.num_generations < 2 or a.sample_every < 1, "--num_generations >= 2, --sample_every >= 1"),
+        (a.pairs_from_samples and (a.offline or a.sample_every > 1), "--pairs_from_samples: online"),
+        (a.eps is not None and a.eps <= 0, f"--eps must be above 0, got {a.eps}"),
+        (a.beta < 0 or a.logps_temperature <= 0, "--beta >= 0 and --logps_temperature > 0"),
+        (online_only, "--sample_every, --reward_funcs and --reward_weights act only with --online"),
+        (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
+        (a.batch_size % group, f"--batch_size {a.batch_size}: a multiple of the group size {group}"),
+        (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
+        (a.on_policy() and a.kl_baseline == "reference" and "beta" in given, idle_beta),
+        (a.kl_baseline == "initial" and a.beta == 0, "--kl_baseline initial acts only with --beta above 0"),
+        (a.on_policy() and "ref_free" in given, "--ref_free: on-policy GRPO has no reference"),
+    ]
 
 
 # ALGO LOGIC: the groups, advantages and the loss (eq. 1, appendix C.1)
@@ -178,19 +196,19 @@ def grpo_loss(
     `num_tokens` if given (DAPO: the step's valid tokens, so the micro-batches' losses sum to the
     step's), else mask.sum(). With both bounds each token log-ratio is clamped first, then GRPO's
     clip applies; `rejected` (--clip sampling) detaches those tokens' ratios instead. KL is of the
-    unclamped log-probs."""
-    log_ratio = policy_logps - ref_logps
+    unclamped log-probs. ref_logps: the reference's (frozen or synced), else online the sampler's."""
+    log_ratio = policy_logps - ref_logps  # (batch, seq)
     if log_eps_P is not None and log_eps_R is not None:
         log_ratio = log_ratio.clamp(log_eps_P, log_eps_R)  # HUMANLINE: clamp per token
     if rejected is not None:  # the ablation: rejected tokens pass no gradient through the ratio
         log_ratio = torch.where(rejected, log_ratio.detach(), log_ratio)
-    ratio = log_ratio.exp()
-    a = advantages[:, None].to(ratio.dtype)
-    surrogate = torch.min(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a)
-    d = baseline_logps - policy_logps
-    kl = d.exp() - d - 1
+    ratio = log_ratio.exp()  # (batch, seq)
+    a = advantages[:, None].to(ratio.dtype)  # (batch, 1): each sequence's on all its tokens
+    surrogate = torch.min(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a)  # (batch, seq)
+    d = baseline_logps - policy_logps  # (batch, seq)
+    kl = d.exp() - d - 1  # (batch, seq), k3: >= 0, and 0 where the two agree
     n = mask.sum() if num_tokens is None else num_tokens
-    loss = ((-surrogate + beta * kl) * mask).sum() / n
+    loss = ((-surrogate + beta * kl) * mask).sum() / n  # a scalar; mask (batch, seq): completions
     valid = mask.bool()
     metrics = {  # per valid token: their mean over the step is its value (so is "loss")
         "loss": (-surrogate + beta * kl).detach()[valid],
@@ -200,12 +218,6 @@ def grpo_loss(
         "logps": policy_logps.detach()[valid],
     }
     return loss, metrics
-
-
-def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
-    """Per sequence, the fraction of its completion tokens whose log-ratio is outside the clip."""
-    ratio = (policy_logps - ref_logps).detach()
-    return (((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 def best_worst_pairs(groups, threshold):
@@ -286,26 +298,27 @@ def micro_batches(batch, args, rank, world):
 
 
 def forward_batches(batch, args, rank, world):
-    """Per micro-batch, (its Sequences, their (prompt_ids, completion_ids))."""
+    """Per micro-batch, (its Sequences, their token ids (prompt_ids, completion_ids))."""
     return [(m, [(s.prompt_ids, s.completion_ids) for s in m]) for m in micro_batches(batch, args, rank, world)]
 
 
-def collate(sequences, pad_id, device):
+def collate(token_ids, pad_id, device):
     """(input_ids, attention_mask, loss_mask) of (prompt_ids, completion_ids), right-padded."""
-    width = max(len(p) + len(c) for p, c in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attn, loss_mask = torch.zeros(len(sequences), width, dtype=torch.long), torch.zeros(len(sequences), width)
-    for j, (p, c) in enumerate(sequences):
+    width = max(len(p) + len(c) for p, c in token_ids)
+    ids = torch.full((len(token_ids), width), pad_id, dtype=torch.long)
+    attn, loss_mask = torch.zeros(len(token_ids), width, dtype=torch.long), torch.zeros(len(token_ids), width)
+    for j, (p, c) in enumerate(token_ids):
         ids[j, : len(p) + len(c)], attn[j, : len(p) + len(c)] = torch.tensor(p + c), 1
         loss_mask[j, len(p) : len(p) + len(c)] = 1
     return ids.to(device), attn.to(device), loss_mask.to(device)
 
 
 def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.float32, temperature=1.0, chunk=1024):
-    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere. The LM head
-    and log-softmax run on completion positions only, `chunk` at a time, recomputed in the
-    backward, in `head_dtype` (fp32: with k = 1 the log-ratio humanline trains on is ~1e-3, below
-    bf16's rounding of large logits). No (batch, seq, vocab) logits: at 8B they would not fit."""
+    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere: plainly
+    logits[:, :-1].log_softmax(-1).gather(-1, input_ids[:, 1:, None]) * mask (docs/your-trainer.md,
+    tested against this). Here only completion positions reach the LM head, in chunks recomputed in
+    the backward, in `head_dtype` (fp32: k = 1's log-ratios, ~1e-3, are below bf16's rounding of large
+    logits), and no (batch, seq, vocab) logits are made: at 8B they would not fit."""
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     hidden = model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1]  # final norm
     where = loss_mask[:, 1:].bool()
@@ -371,6 +384,31 @@ def load_model(args, rt):
     return model
 
 
+def make_reference(args, policy, rt, step_inputs, wait):
+    """(reference, base) by the flags: the ratio's denominator; the KL's baseline (None: the same)
+    | on-policy (online, N = 1, no --sync) | None: the policy's detached log-probs (the sampler's) |
+    | --ref_free off --lora_r r | lora.AdapterReference: the base, no adapters or the synced ones |
+    | --ref_free off | ReferenceModel: a second model, sharded exactly like the policy |
+    | otherwise (the default) | ref_free.PolicyAsReference: the policy where it syncs (`wait`) |
+    | base: --kl_baseline initial | the frozen start: the base without adapters, or a model |"""
+    T = args.logps_temperature
+    if args.on_policy():
+        reference = None
+    elif args.ref_free == "off" and args.lora_r:
+        frozen = args.offline and args.sync == "none"  # never synced: the base without adapters
+        reference = lora.AdapterReference(policy, token_logps, rt, frozen=frozen, temperature=T)
+    elif args.ref_free == "off":
+        reference = ReferenceModel(load_model(args, rt), rt, T)
+    else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
+        due = partial(sync_due, sync_every=args.sync_every) if args.sync != "none" else None
+        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, due, args.max_steps, wait, T)
+    if args.kl_baseline != "initial" or not (args.online or args.sync != "none"):
+        return reference, None  # the KL's baseline is the reference
+    if args.lora_r:  # the base with the adapters disabled: no second copy of it
+        return reference, lora.AdapterReference(policy, token_logps, rt, frozen=True, temperature=T)
+    return reference, ReferenceModel(load_model(args, rt), rt, T)
+
+
 def make_optimizer(policy, args):
     """Fused AdamW (5x for-each's speed on a CPU); warmup over --warmup_ratio, then decay to 0 or hold."""
     adamw = dict(lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
@@ -381,28 +419,7 @@ def make_optimizer(policy, args):
 
 
 def main():
-    def checks(a, given):  # GRPO's own, beside parse_args' checks: (bad, its one line)
-        group = group_size(a)
-        online_only = a.offline and given & {"sample_every", "reward_funcs", "reward_weights"}
-        pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
-        funcs = (a.reward_funcs or "x").split(",")
-        weights = (a.reward_weights or a.reward_funcs or "x").split(",")
-        idle_beta = "--beta: on-policy the KL is to the sampler, the policy itself, so 0; --kl_baseline initial"
-        return [
-            (a.num_generations < 2 or a.sample_every < 1, "--num_generations >= 2, --sample_every >= 1"),
-            (a.pairs_from_samples and (a.offline or a.sample_every > 1), "--pairs_from_samples: online"),
-            (a.eps is not None and a.eps <= 0, f"--eps must be above 0, got {a.eps}"),
-            (a.beta < 0 or a.logps_temperature <= 0, "--beta >= 0 and --logps_temperature > 0"),
-            (online_only, "--sample_every, --reward_funcs and --reward_weights act only with --online"),
-            (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
-            (a.batch_size % group, f"--batch_size {a.batch_size}: a multiple of the group size {group}"),
-            (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
-            (a.on_policy() and a.kl_baseline == "reference" and "beta" in given, idle_beta),
-            (a.kl_baseline == "initial" and a.beta == 0, "--kl_baseline initial acts only with --beta above 0"),
-            (a.on_policy() and "ref_free" in given, "--ref_free: on-policy GRPO has no reference"),
-        ]
-
-    args = plumbing.parse_args(Args, "grpo", checks)  # a bad flag stops with one line
+    args = plumbing.parse_args(Args, "grpo", flag_checks)  # a bad flag stops with one line
     if args.eps is None:  # the paper: 0.5 for plain offline GRPO, 0.15 for everything else
         args.eps = 0.5 if args.offline and args.sync == "none" and args.clip == "none" else 0.15
     args.reward_funcs = args.reward_funcs or ("toy" if args.pairs_from_samples else "toy_verify")
@@ -415,7 +432,7 @@ def main():
     # data: every row is checked before any model loads: bad data stops a run in seconds
     if args.offline:  # ALGO LOGIC: Algorithm 2: a pair is a group of two, chosen ranked first
         rows = data_formats.load_data(args, "preferences", tokenizer, rt, need=args.batch_size // 2)
-        train_groups = [(p, cs, [1.0, 0.0]) for p, cs, _ in rows]
+        train_groups = [(row.prompt_ids, row.completion_ids, [1.0, 0.0]) for row in rows]
         plumbing.plan_run(args, len(train_groups), args.batch_size // 2, "pairs", rt.rank)
     else:
         train_prompts = data_formats.load_data(args, "prompts", tokenizer, rt, need=per_round)
@@ -432,29 +449,13 @@ def main():
 
     def step_inputs(s):  # step s's micro-batches as the models read them (None until sampled)
         forwards = forward_batches(step_batch(s), args, rt.rank, rt.world) if step_batch(s) else None
-        return forwards and [collate(sequences, tokenizer.pad_token_id, rt.device) for _, sequences in forwards]
+        return forwards and [collate(token_ids, tokenizer.pad_token_id, rt.device) for _, token_ids in forwards]
 
     # models: the policy, its reference, the KL baseline, the scorers; the optimizer and schedule
     policy = load_model(args, rt).train()
     T = args.logps_temperature  # the loss reads log-probs of logits / T (the authors' math: 0.7)
     reset_each_round = args.sync == "none" or args.pairs_from_samples  # else syncing spans rounds
-    if args.on_policy():  # the ratio's denominator is the policy's own log-probs: no reference
-        reference = None
-    elif args.ref_free == "off" and args.lora_r:  # LoRA: the base, with no adapters or the last sync's
-        never_synced = args.offline and args.sync == "none"
-        reference = lora.AdapterReference(policy, token_logps, rt, frozen=never_synced, temperature=T)
-    elif args.ref_free == "off":  # a second model, sharded exactly like the policy
-        reference = ReferenceModel(load_model(args, rt), rt, T)
-    else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
-        due = partial(sync_due, sync_every=args.sync_every) if args.sync != "none" else None
-        wait = args.online and not reset_each_round  # a sync may serve steps sampled later
-        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, due, args.max_steps, wait, T)
-    base = None  # --kl_baseline initial: the frozen starting policy (unless the reference is it)
-    if args.kl_baseline == "initial" and (args.online or args.sync != "none"):
-        if args.lora_r:  # the base with the adapters disabled: no second copy of it
-            base = lora.AdapterReference(policy, token_logps, rt, frozen=True, temperature=T)
-        else:
-            base = ReferenceModel(load_model(args, rt), rt, T)
+    reference, base = make_reference(args, policy, rt, step_inputs, wait=args.online and not reset_each_round)
     funcs = zip(args.reward_funcs.split(","), args.reward_weights.split(",")) if args.online else []
     reward_fns = [(name, float(weight), plumbing.make_scorer(name, args, rt)) for name, weight in funcs]
     scorer = plumbing.make_scorer(args.reward_model, args, rt) if eval_prompts else None
@@ -472,8 +473,6 @@ def main():
         if eval_prompts and args.eval_at_start:  # every curve starts at the starting policy
             session.log({"step": 0} | evaluate())
 
-    update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
-    bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
     rounds_per_pass = math.ceil(len(train_prompts) / per_round) if args.online else None
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
@@ -506,7 +505,7 @@ def main():
 
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens, micro-batches and processes
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
-        n_tokens = float(sum(len(c) for _, sequences in forwards for _, c in sequences))
+        n_tokens = float(sum(len(c) for _, token_ids in forwards for _, c in token_ids))
         n_tokens = torch.tensor(n_tokens, dtype=torch.float64, device=rt.device)
         if rt.world > 1:
             dist.all_reduce(n_tokens)
@@ -514,8 +513,8 @@ def main():
 
         # the step: a forward per model and micro-batch
         sums = {}
-        for micro, (samples, sequences) in enumerate(forwards):
-            inputs = collate(sequences, tokenizer.pad_token_id, rt.device)
+        for micro, (sequences, token_ids) in enumerate(forwards):
+            inputs = collate(token_ids, tokenizer.pad_token_id, rt.device)
             with rt.autocast():
                 ref_logps = reference.logps(state.step, micro, inputs) if reference else None
                 base_logps = base.logps(state.step, micro, inputs) if base is not None else None
@@ -534,27 +533,29 @@ def main():
                 ref_logps,
                 ref_logps if base is None else base_logps,
                 mask,
-                advantages=torch.tensor([s.advantage for s in samples], device=rt.device),
+                advantages=torch.tensor([s.advantage for s in sequences], device=rt.device),
                 eps=args.eps,
                 beta=args.beta,
-                log_eps_P=bounds[0],
-                log_eps_R=bounds[1],
+                log_eps_P=args.log_eps_P if args.clip == "clamp" else None,
+                log_eps_R=args.log_eps_R if args.clip == "clamp" else None,
                 num_tokens=n_tokens,
                 rejected=rejected,
             )
             (loss * rt.world).backward()  # FSDP2 averages the gradients over processes
-            clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
+            clamped = plumbing.clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
             metrics |= {"tokens": mask.sum(), "completion_length": mask.sum(-1), "humanline/clamped_frac": clamped}
             # a group scored all alike gives its sequences advantage 0: a step of only such has no reward signal
-            metrics["grpo/no_signal"] = torch.tensor([float(s.advantage == 0) for s in samples])
+            metrics["grpo/no_signal"] = torch.tensor([float(s.advantage == 0) for s in sequences])
             if args.online:
-                metrics["reward"] = torch.tensor([s.reward for s in samples])
+                metrics["reward"] = torch.tensor([s.reward for s in sequences])
             plumbing.accumulate(sums, metrics)
 
         # the update (it syncs the reference); a non-finite loss skips it, a SIGTERM stops after it
-        skip, stop = session.agree(sums)
+        skip, stop = session.skip_or_stop(sums)
         lr = scheduler.get_last_lr()[0]
-        grad_norm = optimizer_step(policy, reference, optimizer, scheduler, **update, step=state.step, skip=skip)
+        grad_norm = optimizer_step(
+            policy, reference, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, state.step, skip
+        )
         state.step += 1
 
         # log, evaluate, checkpoint, stop

@@ -91,13 +91,9 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     undesirable_weight: float = arg(1.0, "lambda_U: weight of undesirable examples.")
     seed: int = arg(0, "Random seed (data order, sampling).")
     # humanline
-    sync: Optional[Literal["none", "humanline", "trust_region"]] = arg(
-        None, "Sync the reference: humanline before the update, trust_region after; unset: none."
-    )
+    sync: Literal["none", "humanline", "trust_region"] = arg("none", "humanline: before an update, trust_region after.")
     sync_every: int = arg(1, "k: sync every k optimizer steps.")
-    clip: Optional[Literal["none", "clamp", "sampling"]] = arg(
-        None, "Token log-ratios: clamp to [P, R], or sampling (Beta rejection); unset: none."
-    )
+    clip: Literal["none", "clamp", "sampling"] = arg("none", "Log-ratios: clamp to [P, R], or Beta rejection.")
     log_eps_P: float = arg(-1.5, "Lower bound of the token log-ratio.")
     log_eps_R: float = arg(1.5, "Upper bound of the token log-ratio.")
     sampling_c: float = arg(humanline_sampling.DEFAULT_C, "--clip sampling: Beta concentration c.")
@@ -158,12 +154,6 @@ def kto_kl_pairs(examples, max_length):
     if n < 2:
         raise ValueError("the KL estimate needs at least two examples per batch")
     return [(p, examples[(i + 1) % n][1][: max(0, max_length - len(p))]) for i, (p, _, _) in enumerate(examples)]
-
-
-def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):
-    """Per sequence, the fraction of its completion tokens whose log-ratio is outside the clip."""
-    ratio = (policy_logps - ref_logps).detach()
-    return (((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 def best_worst_pairs(groups, threshold):
@@ -251,22 +241,23 @@ def forward_batches(batch, args, rank, world):
     return [(examples, [(p, c) for p, c, _ in examples] + kl_pairs) for examples, kl_pairs in micro]
 
 
-def collate(sequences, pad_id, device):
+def collate(token_ids, pad_id, device):
     """(input_ids, attention_mask, loss_mask) of (prompt_ids, completion_ids), right-padded."""
-    width = max(len(p) + len(c) for p, c in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attn, loss_mask = torch.zeros(len(sequences), width, dtype=torch.long), torch.zeros(len(sequences), width)
-    for j, (p, c) in enumerate(sequences):
+    width = max(len(p) + len(c) for p, c in token_ids)
+    ids = torch.full((len(token_ids), width), pad_id, dtype=torch.long)
+    attn, loss_mask = torch.zeros(len(token_ids), width, dtype=torch.long), torch.zeros(len(token_ids), width)
+    for j, (p, c) in enumerate(token_ids):
         ids[j, : len(p) + len(c)], attn[j, : len(p) + len(c)] = torch.tensor(p + c), 1
         loss_mask[j, len(p) : len(p) + len(c)] = 1
     return ids.to(device), attn.to(device), loss_mask.to(device)
 
 
 def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.float32, temperature=1.0, chunk=1024):
-    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere. The LM head
-    and log-softmax run on completion positions only, `chunk` at a time, recomputed in the
-    backward, in `head_dtype` (fp32: with k = 1 the log-ratio humanline trains on is ~1e-3, below
-    bf16's rounding of large logits). No (batch, seq, vocab) logits: at 8B they would not fit."""
+    """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere: plainly
+    logits[:, :-1].log_softmax(-1).gather(-1, input_ids[:, 1:, None]) * mask (docs/your-trainer.md,
+    tested against this). Here only completion positions reach the LM head, in chunks recomputed in
+    the backward, in `head_dtype` (fp32: k = 1's log-ratios, ~1e-3, are below bf16's rounding of large
+    logits), and no (batch, seq, vocab) logits are made: at 8B they would not fit."""
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     hidden = model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1]  # final norm
     where = loss_mask[:, 1:].bool()
@@ -358,7 +349,7 @@ def main():
     # data: every row is checked before any model loads, so bad data stops a run in seconds
     if args.offline:
         rows = data_formats.load_data(args, "examples", tokenizer, rt)
-        train_examples = [(p, c, d) for p, cs, ds in rows for c, d in zip(cs, ds)]
+        train_examples = [(row.prompt_ids, c, d) for row in rows for c, d in zip(row.completion_ids, row.labels)]
         few = f"{args.dataset}: {len(train_examples)} examples, fewer than a batch ({args.batch_size})"
         plumbing.fail(len(train_examples) < args.batch_size, few)
         plumbing.plan_run(args, len(train_examples), args.batch_size, "examples", rt.rank)
@@ -376,7 +367,7 @@ def main():
 
     def step_inputs(s):  # step s's micro-batches as the models read them (None until sampled)
         forwards = forward_batches(step_batch(s), args, rt.rank, rt.world) if step_batch(s) else None
-        return forwards and [collate(sequences, tokenizer.pad_token_id, rt.device) for _, sequences in forwards]
+        return forwards and [collate(token_ids, tokenizer.pad_token_id, rt.device) for _, token_ids in forwards]
 
     # models: the policy and its reference, the scorer; the optimizer and schedule
     policy = load_model(args, rt).train()
@@ -401,8 +392,6 @@ def main():
         if eval_prompts and args.eval_at_start:  # every curve starts at the starting policy
             session.log({"step": 0} | evaluate())
 
-    update = dict(max_grad_norm=args.max_grad_norm, sync=args.sync, sync_every=args.sync_every)
-    bounds = (args.log_eps_P, args.log_eps_R) if args.clip == "clamp" else (None, None)
     rounds_per_pass = math.ceil(len(train_prompts) / args.round_size) if args.online else None
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
@@ -429,8 +418,8 @@ def main():
         # the step: per micro-batch, the examples and their KL pairs
         sums = {}
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
-        for micro, (examples, sequences) in enumerate(forwards):
-            inputs = collate(sequences, tokenizer.pad_token_id, rt.device)
+        for micro, (examples, token_ids) in enumerate(forwards):
+            inputs = collate(token_ids, tokenizer.pad_token_id, rt.device)
             n = len(examples)  # the examples first, then their KL pairs
             with rt.autocast():
                 ref_logps = reference.logps(state.step, micro, inputs)
@@ -448,8 +437,8 @@ def main():
                 policy_logps[n:],
                 ref_logps[n:],
                 mask[n:],
-                log_eps_P=bounds[0],
-                log_eps_R=bounds[1],
+                log_eps_P=args.log_eps_P if args.clip == "clamp" else None,
+                log_eps_R=args.log_eps_R if args.clip == "clamp" else None,
                 all_reduce=dist.all_reduce if rt.world > 1 else None,
             )
             losses, metrics = kto_loss(
@@ -461,20 +450,22 @@ def main():
                 beta=args.beta,
                 lambda_D=args.desirable_weight,
                 lambda_U=args.undesirable_weight,
-                log_eps_P=bounds[0],
-                log_eps_R=bounds[1],
+                log_eps_P=args.log_eps_P if args.clip == "clamp" else None,
+                log_eps_R=args.log_eps_R if args.clip == "clamp" else None,
             )
             (losses.sum() * rt.world / args.batch_size).backward()  # FSDP2 averages over processes
             logps = policy_logps[:n].detach().sum(-1) / mask[:n].sum(-1)
-            clamped = clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
+            clamped = plumbing.clamped_fraction(policy_logps, ref_logps, mask, args.log_eps_P, args.log_eps_R)
             metrics |= {"loss": losses.detach(), "tokens": mask.sum(), "humanline/clamped_frac": clamped}
             metrics |= {"logps/chosen": logps[desirable], "logps/rejected": logps[~desirable]}
             plumbing.accumulate(sums, metrics)
 
         # the update (it syncs the reference); a non-finite loss skips it, a SIGTERM stops after it
-        skip, stop = session.agree(sums)
+        skip, stop = session.skip_or_stop(sums)
         lr = scheduler.get_last_lr()[0]
-        grad_norm = optimizer_step(policy, reference, optimizer, scheduler, **update, step=state.step, skip=skip)
+        grad_norm = optimizer_step(
+            policy, reference, optimizer, scheduler, args.max_grad_norm, args.sync, args.sync_every, state.step, skip
+        )
         state.step += 1
 
         # log, evaluate, checkpoint, stop

@@ -94,12 +94,13 @@ def parse_args(Args, name, checks):
     args, unknown = parser.parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
     fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
     given = {f.name for f in fields(Args) if getattr(args, f.name) != f.default}  # set to other than their default
-    explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if getattr(args, k) is not None)
+    explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if k in given)
     means = f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline"
     fail(args.humanline and explicit, means)
     fail(args.offline and args.online, "choose one of --offline and --online")
     args.offline = not args.online
-    args.sync, args.clip = ("humanline", "clamp") if args.humanline else (args.sync or "none", args.clip or "none")
+    if args.humanline:
+        args.sync, args.clip = "humanline", "clamp"
     world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's process count
     positive = "max_steps batch_size micro_batch_size sync_every max_bad_steps round_size max_new_tokens log_every "
     for rule, ok, flags in [
@@ -520,6 +521,12 @@ def evaluate(policy, tokenizer, scorer, rows, args, rt):
     return record
 
 
+def clamped_fraction(policy_logps, ref_logps, mask, log_eps_P, log_eps_R):  # the humanline/clamped_frac metric
+    """Per sequence, the fraction of its completion tokens whose log-ratio is outside the clip."""
+    ratio = (policy_logps - ref_logps).detach()
+    return (((ratio < log_eps_P) | (ratio > log_eps_R)).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
 def accumulate(sums, metrics):
     """Add each metric's (sum, count) of entries: a step's value is the mean over micro-batches and processes."""
     for k, v in metrics.items():
@@ -593,7 +600,7 @@ class Session:
             for write, _ in self.trackers:
                 write(record)
 
-    def agree(self, sums):
+    def skip_or_stop(self, sums):
         """(skip, stop): a non-finite loss on any process skips the step everywhere; a SIGTERM stops every process."""
         flags = [float(not math.isfinite(sums.get("loss", (0.0,))[0])), float(bool(self.stop))]
         flags = torch.tensor(flags, dtype=torch.float64)

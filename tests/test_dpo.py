@@ -169,7 +169,7 @@ def test_without_bounds_every_unmasked_token_gets_gradient():
 
 def test_clamped_fraction_counts_completion_tokens_outside_the_range():
     pc, pr, rc, rr, mc, mr = loss_inputs()
-    frac = dpo_humanline.clamped_fraction(pc, rc, mc, LO, HI)
+    frac = plumbing.clamped_fraction(pc, rc, mc, LO, HI)
     # chosen row 0: of (0.5, -1.8) one is outside; row 1: (-0.2, -3.0, 2.0) two are outside
     assert frac.tolist() == pytest.approx([1 / 2, 2 / 3])
 

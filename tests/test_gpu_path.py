@@ -6,6 +6,7 @@ dtype, and the memory plan against measured peaks. tests/test_cuda.py runs the s
 import json
 import math
 import os
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -34,10 +35,14 @@ HELPER = os.path.join(ROOT, "tests", "support", "gpu_path_helper.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
-def old_token_logps(model, input_ids, attention_mask, loss_mask):
-    """The computation token_logps replaced: the full (batch, seq, vocab) logits, copied to fp32."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    return (logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)) * loss_mask[:, 1:]
+def page_token_logps(model, input_ids, attention_mask, loss_mask):
+    """docs/your-trainer.md's token_logps, read out of the page: the plain computation token_logps's docstring names,
+    the whole (batch, seq, vocab) logits in fp32, log-softmax, gather, mask."""
+    with open(os.path.join(ROOT, "docs", "your-trainer.md")) as f:
+        (code,) = [b for b in re.findall(r"```python\n(.*?)```", f.read(), re.S) if "def token_logps" in b]
+    namespace = {}
+    exec(code, namespace)  # (the block's loss needs the page's clamp only when called)
+    return namespace["token_logps"](model, input_ids, attention_mask, loss_mask)
 
 
 def toy_batch(toy, n=8):
@@ -60,7 +65,7 @@ def test_token_logps_equal_the_full_vocabulary_log_softmax_and_its_gradient(toy,
     (new * torch.arange(new.shape[1])).sum().backward()  # a weighted sum: every position's gradient counts
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    old = old_token_logps(model, ids, attn, mask)
+    old = page_token_logps(model, ids, attn, mask)
     (old * torch.arange(old.shape[1])).sum().backward()
     assert new.dtype == torch.float32 and new.shape == old.shape
     assert torch.equal(new == 0, old == 0)  # zero exactly off the completions
@@ -124,7 +129,7 @@ def test_the_log_prob_step_keeps_no_fp32_tensor_with_a_vocabulary_axis_per_posit
         return [t.shape for t in saved_tensors(fn) if t.data_ptr() not in params and t.numel() >= big]
 
     assert big(lambda: dpo.token_logps(model, ids, torch.ones_like(ids), mask, chunk=16)) == []
-    assert (B, S - 1, config.vocab_size) in big(lambda: old_token_logps(model, ids, torch.ones_like(ids), mask))
+    assert (B, S - 1, config.vocab_size) in big(lambda: page_token_logps(model, ids, torch.ones_like(ids), mask))
 
 
 def bytes_per_token(model, tokens=512):

@@ -35,7 +35,6 @@ BUDGET = {"dpo_humanline.py": 450, "kto_humanline.py": 500, "grpo_humanline.py":
 MODULE_BUDGET = 950  # plumbing.py's lines: how every run is kept, in one module a reader can still look through
 MODULES = {s: importlib.import_module(s[:-3]) for s in SCRIPTS}
 SHARED_METHOD = (  # copied into the three scripts, identical
-    "clamped_fraction",
     "ReferenceModel",
     "optimizer_step",
     "offline_batch",
