@@ -256,8 +256,8 @@ def token_logps(model, input_ids, attention_mask, loss_mask, head_dtype=torch.fl
     """Per-token log-probs of the completion tokens, (batch, seq - 1), 0 elsewhere: plainly
     logits[:, :-1].log_softmax(-1).gather(-1, input_ids[:, 1:, None]) * mask (docs/your-trainer.md,
     tested against this). Here only completion positions reach the LM head, in chunks recomputed in
-    the backward, in `head_dtype` (fp32: k = 1's log-ratios, ~1e-3, are below bf16's rounding of large
-    logits), and no (batch, seq, vocab) logits are made: at 8B they would not fit."""
+    the backward, in `head_dtype` (fp32: k = 1's log-ratios, ~1e-3, are below bf16's rounding of
+    large logits), and no (batch, seq, vocab) logits are made: at 8B they would not fit."""
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     hidden = model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1]  # final norm
     where = loss_mask[:, 1:].bool()

@@ -327,14 +327,6 @@ def sweep_tables(rows, configs, start):
     return lines
 
 
-def evidence(test):
-    """The Holm-corrected p-value behind a verdict: Welch's for a difference, the TOST's for equivalence, else both."""
-    welch, tost = f"p {test['p_holm']:.2g}", f"TOST p {test['p_tost_holm']:.2g}"
-    if test["verdict"] in ("higher", "lower"):
-        return welch
-    return tost if test["verdict"].startswith("equivalent") else f"{welch}, {tost}"
-
-
 # ---- the report ------------------------------------------------------------------------------------------------------
 def real_sweep_table(rows, ctx):
     """A real model's sweep: validation success (and cut share) at each rate, x the paper's, and the rate chosen."""

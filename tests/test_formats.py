@@ -481,7 +481,7 @@ def parsed(algo, argv, world=1, rows=1000, printed=None):
         pass
 
     def data(args, kind, *_, **__):
-        row = {"prompt": "p"} if kind == "prompts" else ("p", ["c", "r"], [True, False])
+        row = {"prompt": "p"} if kind == "prompts" else data_formats.Row("p", ["c", "r"], [True, False])
         return [] if kind == "eval" else [row] * rows
 
     def stop(args, *_):
