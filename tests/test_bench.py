@@ -3,8 +3,10 @@ held against, and when a target is called met, missed or not decided."""
 
 import os
 import sys
+import types
 
 import pytest
+import warm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
 import bench  # noqa: E402
@@ -106,10 +108,12 @@ def test_the_real_model_trains_on_its_own_tasks_data_and_stops_in_one_line_when_
         bench.model_path("smollm2")
 
 
-def test_the_reference_pass_before_the_first_step_counts_in_that_step(tmp_path):
+def test_the_reference_pass_before_the_first_step_counts_in_that_step(tmp_path, monkeypatch):
     """A reference-free run computes its reference log-probs for the steps up to its first sync before its loop,
     outside the scripts' step times; the benchmark times that pass and adds it to the first step (as TRL's
-    precompute_ref_log_probs pass is counted), and a run with a reference model has none."""
+    precompute_ref_log_probs pass is counted), and a run with a reference model has none. (Its processes fork from a
+    warm server: the benchmark's own, timed, start cold.)"""
+    monkeypatch.setattr(bench, "subprocess", types.SimpleNamespace(run=lambda cmd, **kw: warm.run(cmd, **kw)))
     free = bench.run_script("dpo", "toy", ["--offline"], 8, 2, "cpu", str(tmp_path))
     two = bench.run_script("dpo", "toy", ["--offline", "--ref_free", "off"], 8, 2, "cpu", str(tmp_path))
     assert free["before_first_step"][1] > 0 and two["before_first_step"] == [0.0, 0.0]
