@@ -498,6 +498,7 @@ def test_truncation_is_counted_and_reported(uninterrupted, tok):
     assert f": {counts} (cut to --max_prompt_length, --max_length" in uninterrupted[1]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_like_sigterm_and_a_second_one_stops_at_once(tmp_path, toy):
     out = tmp_path / "run"
     started = Started("dpo_humanline.py", ["--max_steps", "400", "--save_every", "0"], out)
@@ -516,6 +517,7 @@ def test_ctrl_c_stops_like_sigterm_and_a_second_one_stops_at_once(tmp_path, toy)
     assert stopped.value.code == "interrupted twice: stopped without a checkpoint" and session.stop == [signal.SIGINT]
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(uninterrupted, tmp_path):
     out = tmp_path / "run"
     started = Started("dpo_humanline.py", [*LONG, "--save_every", "5"], out)

@@ -11,7 +11,9 @@ variables torchrun gives its workers; when one fails the others are stopped, as 
 It answers like `subprocess.run(cmd, capture_output=True, text=True)`. Commands it cannot take exactly go to
 `subprocess.run`: other programs and other torchrun options. A server is started for each environment of the
 variables a library reads at import (thread counts, CPU code path, the hub's settings). Tests of signals and of
-torchrun itself launch for real.
+torchrun itself launch for real. A server also encodes the toy's training rows once (encode_the_toy), so the project
+modules that takes are imported in its children too: a test of what a file imports on its own runs it cold
+(test_docs.py does).
 """
 
 import json
