@@ -1,6 +1,6 @@
 """Reproduce the paper's comparisons on the toy task and on a real model: rates chosen per variant, seeds, p-values.
 
-    python experiments/run.py                      # the toy's suites, in order (543 runs, ~7 h on 2 cores; resumable)
+    python experiments/run.py                      # the toy's suites, in order (345 runs, ~4 h on 2 cores; resumable)
     python experiments/run.py --suite sweep        # or main, offpolicy, ablations
     python experiments/run.py --report             # only rebuild the toy's tables and plots from finished runs
     python experiments/run.py --quick              # each code path of every toy suite, 2 steps (about 2.5 minutes)
