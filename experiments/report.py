@@ -112,8 +112,10 @@ def at_rates(configs, rows):
     return {(c.variant, f"{c.rate:g}"): by.get(c.name) for c in configs}
 
 
-def header(columns):  # a markdown table's first two lines, of its columns "a | b | c"
-    return [f"| {columns} |", "|---" * (columns.count(" | ") + 1) + "|"]
+def table(columns, rows):
+    """A markdown table: its columns ("a | b | c"), then a line per row, each row a list of its cells."""
+    lines = [f"| {columns} |", "|---" * (columns.count(" | ") + 1) + "|"]
+    return lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows]
 
 
 def fmt(pair, digits=3):
@@ -145,14 +147,11 @@ def long_table(rows, held_out="the toy test problems"):
         "learning rate; the regime of the humanline diagnostics below (clamp active: >= 1% of tokens outside the "
         "clamp's range, rare: 0.1-1%, idle: < 0.1%).",
         "",
-        *header("configuration | seeds | reward | new seed | accuracy | lr | regime"),
     ]
-    for r in rows:
-        lo, hi = r["new_seed"]
-        lines.append(
-            f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {'–' if math.isnan(lo) else f'{lo:.3f}-{hi:.3f}'} "
-            f"| {fmt(r['accuracy'])} | {rate_of(r['flags']):g} | {r['regime']} |"
-        )
+    span = lambda lo, hi: "–" if math.isnan(lo) else f"{lo:.3f}-{hi:.3f}"  # noqa: E731 (the new seed's range)
+    cells = lambda r: [fmt(r["reward"]), span(*r["new_seed"]), fmt(r["accuracy"]), f"{rate_of(r['flags']):g}"]  # noqa: E731
+    columns = "configuration | seeds | reward | new seed | accuracy | lr | regime"
+    lines += table(columns, [[r["config"], r["seeds"], *cells(r), r["regime"]] for r in rows])
     lines += [
         "",
         "Wall and CPU time per run (1 CPU thread, two runs at a time) and the wall time of its training loop alone "
@@ -163,33 +162,26 @@ def long_table(rows, held_out="the toy test problems"):
         "completions) at the last step.",
         "",
     ]
-    lines += header(
-        "configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen"
-        " | logp rejected"
-    )
-    for r in rows:
-        lines.append(
-            f"| {r['config']} | {fmt(r['wall'], 0)} | {fmt(r['cpu'], 0)} | {fmt(r['loop'], 0)} "
-            f"| {fmt(r['clamped_frac'], 4)} | {fmt(r['margin'])} | {fmt(r['abs_log_ratio'], 4)} "
-            f"| {fmt(r['logp_chosen'])} | {fmt(r['logp_rejected'])} |"
-        )
-    return lines
+    columns = "configuration | wall s | CPU s | loop s | clamped frac | margin | mean abs log-ratio | logp chosen"
+    shown = [("wall", 0), ("cpu", 0), ("loop", 0), ("clamped_frac", 4), ("margin", 3), ("abs_log_ratio", 4)]
+    shown += [("logp_chosen", 3), ("logp_rejected", 3)]  # (each row's key, its digits)
+    return lines + table(columns + " | logp rejected", [[r["config"], *(fmt(r[k], d) for k, d in shown)] for r in rows])
 
 
 def tests_table(tests, title="the comparisons of this table", margin=EQUIVALENCE_MARGIN):
     if not tests:
         return []
+    ps = ("p", "p_holm", "p_tost", "p_tost_holm")
     return [
         "",
         f"Welch t-tests of a difference in final reward and two one-sided tests (TOST) of equivalence within "
         f"±{margin:g} reward (the margin fixed before the runs), each Holm-Bonferroni corrected over "
         f"{title}; the verdict at the 5% level:",
         "",
-        *header("comparison | reward difference | p (Welch) | p (Holm) | p (TOST) | p (TOST, Holm) | verdict"),
-    ] + [
-        f"| {t['comparison']} | {t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} | {t['p_tost']:.3g} "
-        f"| {t['p_tost_holm']:.3g} | {t['verdict']} |"
-        for t in tests
+        *table(
+            "comparison | reward difference | p (Welch) | p (Holm) | p (TOST) | p (TOST, Holm) | verdict",
+            [[t["comparison"], f"{t['diff']:+.3f}", *(f"{t[k]:.3g}" for k in ps), t["verdict"]] for t in tests],
+        ),
     ]
 
 
@@ -205,15 +197,16 @@ def paired_table(tests, margin):
         "p), and a bootstrap over the test prompts (each prompt's success averaged over seeds) beside them; the "
         "verdict at 5%, from the paired tests:",
         "",
-        *header(
+        *table(
             "comparison | seeds | difference (95% interval) | p (paired, Holm) | p (TOST, Holm) | detectable | "
-            "prompts' bootstrap 95% | verdict"
+            "prompts' bootstrap 95% | verdict",
+            [
+                [t["comparison"], t["seeds"], f"{t['diff']:+.3f} ({t['ci'][0]:+.3f}, {t['ci'][1]:+.3f})"]
+                + [f"{t['p_holm']:.3g}", f"{t['p_tost_holm']:.3g}", f"{t['detectable']:.3f}"]
+                + [f"{t['prompts_ci'][0]:+.3f}, {t['prompts_ci'][1]:+.3f}", t["verdict"]]
+                for t in tests
+            ],
         ),
-    ] + [
-        f"| {t['comparison']} | {t['seeds']} | {t['diff']:+.3f} ({t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}) "
-        f"| {t['p_holm']:.3g} | {t['p_tost_holm']:.3g} | {t['detectable']:.3f} "
-        f"| {t['prompts_ci'][0]:+.3f}, {t['prompts_ci'][1]:+.3f} | {t['verdict']} |"
-        for t in tests
     ]
 
 
@@ -228,11 +221,11 @@ def time_ratios(rows):
     pairs = [(by[a], by[b]) for a, b in pairs if a in by and b in by]
     if not pairs:
         return []
-    return ["", *header("time ratio (medians over seeds) | wall | CPU | training loop")] + [
-        f"| {a['config']} / {b['config']} | {np.median(a['walls']) / np.median(b['walls']):.2f} "
-        f"| {np.median(a['cpus']) / np.median(b['cpus']):.2f} | {np.median(a['loops']) / np.median(b['loops']):.2f} |"
-        for a, b in pairs
-    ]  # medians: a seed run on a busier machine moves a mean
+    ratio = lambda a, b, k: f"{np.median(a[k]) / np.median(b[k]):.2f}"  # noqa: E731 (medians: a seed run on a busier machine moves a mean)
+    ratios = [
+        [f"{a['config']} / {b['config']}", *(ratio(a, b, k) for k in ("walls", "cpus", "loops"))] for a, b in pairs
+    ]
+    return ["", *table("time ratio (medians over seeds) | wall | CPU | training loop", ratios)]
 
 
 def setup_table(rows):
@@ -246,19 +239,17 @@ def setup_table(rows):
         return ", ".join(sorted({json.dumps(a.get(key)).strip('"') for a in args}))
 
     columns = "variant | batch | beta | max grad norm | sync | clamp (log bounds) | GRPO PPO eps | online samples"
-    lines = header(columns + " | temperature")
+    found = []
     for cell, args in runs.items():
         v = lambda key: value(args, key)  # noqa: E731
         online, grpo = v("online") == "true", cell.startswith("grpo")
         samples = f"rounds of {v('round_size')} prompts x {v('num_samples')}, best vs worst"
         samples = f"{v('num_generations')} per prompt, every step" if grpo else samples
-        lines.append(
-            f"| {cell} | {v('batch_size')} | {v('beta')} | {v('max_grad_norm')} "
-            f"| {v('sync') + (', every ' + v('sync_every') + ' step(s)' if v('sync') != 'none' else '')} "
-            f"| {v('clip') + (' [' + v('log_eps_P') + ', ' + v('log_eps_R') + ']' if v('clip') != 'none' else '')} "
-            f"| {v('eps') if grpo else '–'} | {samples if online else '–'} "
-            f"| {v('temperature') if online else '–'} |"
-        )
+        sync = v("sync") + (", every " + v("sync_every") + " step(s)" if v("sync") != "none" else "")
+        clamp = v("clip") + (" [" + v("log_eps_P") + ", " + v("log_eps_R") + "]" if v("clip") != "none" else "")
+        found.append([cell, v("batch_size"), v("beta"), v("max_grad_norm"), sync, clamp, v("eps") if grpo else "–"])
+        found[-1] += [samples if online else "–", v("temperature") if online else "–"]
+    lines = table(columns + " | temperature", found)
     every = [a for args in runs.values() for a in args]
     lines += [
         "",
@@ -285,46 +276,43 @@ def sweep_tables(rows, configs, start):
         f"the paper's rate for that variant (its Table 3); the chosen rate has the highest mean. The starting policy "
         f"scores {start:.3f} on these prompts.",
         "",
-        *header("variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen"),
     ]
+    found = []
     for cell, _, _ in CELLS:
         rates = [f"{m * paper_lr(cell):g}" for m in MULTIPLES]
         best = rates.index(f"{chosen[cell]:g}") if cell in chosen else None
-        shown = " | ".join(sweep_cell(at.get((cell, rate)), i == best) for i, rate in enumerate(rates))
-        lines.append(
-            f"| {cell} | {paper_lr(cell):g} | {shown} | " + (f"{rates[best]} |" if cell in chosen else "not yet |")
-        )
+        shown = [sweep_cell(at.get((cell, rate)), i == best) for i, rate in enumerate(rates)]
+        found.append([cell, f"{paper_lr(cell):g}", *shown, rates[best] if cell in chosen else "not yet"])
+    lines += table("variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen", found)
     lines += [
         "",
         f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
         "variant's chosen rate (validation reward):",
         "",
-        *header("variant | at the shared rate | at its chosen rate"),
     ]
+    found = []
     for cell, _, _ in CELLS:
         shared = at.get((cell, f"{SHARED_LR:g}"))
         best = at.get((cell, f"{chosen[cell]:g}")) if cell in chosen else None
-        lines.append(
-            f"| {cell} | {fmt(shared['reward']) if shared else ''} "
-            f"| {fmt(best['reward']) + f' ({chosen[cell]:g})' if best else ''} |"
+        found.append(
+            [
+                cell,
+                fmt(shared["reward"]) if shared else "",
+                fmt(best["reward"]) + f" ({chosen[cell]:g})" if best else "",
+            ]
         )
+    lines += table("variant | at the shared rate | at its chosen rate", found)
     lines += [
         "",
         "The mechanism, offline: at each rate the validation reward, the DPO/KTO reward margin (GRPO: mean |token "
         "log-ratio| to the reference) and the fraction of tokens outside [-1.5, 1.5], both averaged over training:",
         "",
-        *header("variant | lr | reward | margin | mean abs log-ratio | clamped frac"),
     ]
-    for cell, _, _ in CELLS:
-        if "offline" in cell:
-            for m in MULTIPLES:
-                r = at.get((cell, f"{m * paper_lr(cell):g}"))
-                if r:
-                    lines.append(
-                        f"| {cell} | {m * paper_lr(cell):g} | {fmt(r['reward'])} | {fmt(r['margin'])} "
-                        f"| {fmt(r['abs_log_ratio'], 4)} | {fmt(r['clamped_frac'], 4)} |"
-                    )
-    return lines
+    offline = [(cell, m * paper_lr(cell)) for cell, _, _ in CELLS if "offline" in cell for m in MULTIPLES]
+    offline = [(cell, lr, at.get((cell, f"{lr:g}"))) for cell, lr in offline]
+    shown = [("reward", 3), ("margin", 3), ("abs_log_ratio", 4), ("clamped_frac", 4)]  # (each row's key, its digits)
+    found = [[cell, f"{lr:g}", *(fmt(r[k], d) for k, d in shown)] for cell, lr, r in offline if r]
+    return lines + table("variant | lr | reward | margin | mean abs log-ratio | clamped frac", found)
 
 
 # ---- the report ------------------------------------------------------------------------------------------------------
@@ -341,14 +329,14 @@ def real_sweep_table(rows, ctx):
         "",
         "Validation success (cut share) at each learning rate, x the paper's rate for that variant, and the one",
     ]
-    lines += ["chosen:", "", *header("variant | " + " | ".join(f"{m:g}x" for m in multiples) + " | chosen")]
+    lines += ["chosen:", ""]
+    shown = []
     for name, arm in arms.items():
         rates, key = [f"{m * suites.arm_lr(arm):g}" for m in multiples], keys[name]
         found = [at.get((key, rate)) for rate in rates]
         cells = [f"{c['reward'][0]:.3f} ({c['cut'][0]:.2f}) at {rate}" if c else "" for c, rate in zip(found, rates)]
-        best = chosen.get(key)
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {'not yet' if best is None else f'{best:g}'} |")
-    return lines
+        shown.append([name, *cells, "not yet" if chosen.get(key) is None else f"{chosen[key]:g}"])
+    return lines + table("variant | " + " | ".join(f"{m:g}x" for m in multiples) + " | chosen", shown)
 
 
 def real_table(rows, ctx):
@@ -358,14 +346,11 @@ def real_table(rows, ctx):
     lines = ["", f"Test success after training (the starting model: {start:.3f}), the share of answers cut off at the"]
     lines += ["token limit (each a failure), and what the reward leaves out, measured on every trained model's test"]
     lines += ["answers: their per-token perplexity under the frozen starting model and their share of repeated words:"]
-    lines += ["", *header("configuration | seeds | success | success - start | cut off | perplexity | repeated words")]
-    for r in rows:
-        gain = mean_se([x - start for x in r["rewards"]])
-        lines.append(
-            f"| {r['config']} | {r['seeds']} | {fmt(r['reward'])} | {fmt(gain)} | {fmt(r['cut'])} "
-            f"| {fmt(r['perplexity'], 2)} | {fmt(r['repeated_words'])} |"
-        )
-    return lines
+    gain = lambda r: fmt(mean_se([x - start for x in r["rewards"]]))  # noqa: E731
+    shown = [[r["config"], r["seeds"], fmt(r["reward"]), gain(r), fmt(r["cut"])] for r in rows]
+    shown = [cells + [fmt(r["perplexity"], 2), fmt(r["repeated_words"])] for cells, r in zip(shown, rows)]
+    columns = "configuration | seeds | success | success - start | cut off | perplexity | repeated words"
+    return lines + ["", *table(columns, shown)]
 
 
 def test_rows(task):
@@ -403,7 +388,7 @@ def task_talk(rows, ctx):
     split, smollm2 = test_rows(ctx.entry.task), suites.smollm2
     lines = ["", "Test success as the runs scored it, the share of those successes that talk about the task instead of"]
     lines += ["doing it, and the success the current reward gives the same answers (mean ± standard error over seeds):"]
-    lines += ["", *header("configuration | seeds | success as scored | successes talking about the task | success now")]
+    shown = []
     for r in rows:
         talking, now = [], []
         for answered in r["answers"]:
@@ -413,9 +398,9 @@ def task_talk(rows, ctx):
             columns = {k: [row[k] for row in asked] for k in ("constraint", "topic")}
             texts, finished = [a["completion"] for a in answered], [a["finished"] for a in answered]
             now.append(np.mean(smollm2.reward(None, texts, **columns, finished=finished)))
-        shown = f"{fmt(r['reward'])} | {fmt(mean_se(talking))} | {fmt(mean_se(now))}"
-        lines.append(f"| {r['config']} | {r['seeds']} | {shown} |")
-    return lines
+        shown.append([r["config"], r["seeds"], fmt(r["reward"]), fmt(mean_se(talking)), fmt(mean_se(now))])
+    columns = "configuration | seeds | success as scored | successes talking about the task | success now"
+    return lines + ["", *table(columns, shown)]
 
 
 def signal(rows, ctx):
@@ -424,29 +409,26 @@ def signal(rows, ctx):
     lines = ["", "The share of training steps whose every group scored all alike (no signal from the rewards), the"]
     lines += ["share of trained sequences with advantage 0, and the share of tokens the clamp acts on (outside [-1.5,"]
     lines += ["1.5]), each averaged over training (mean ± standard error over seeds), and the clamp's largest step:"]
-    lines.append("")
-    columns = "steps without signal | sequences without signal | clamped tokens | largest step's"
-    lines += header(f"configuration | seeds | {columns}")
+    shown = []
     for r in rows:
         values = [[v for _, v in t["grpo/no_signal"]] for t in r["train"]]
         steps = mean_se([np.mean([v == 1.0 for v in run]) if run else math.nan for run in values])
         sequences = mean_se([np.mean(run) if run else math.nan for run in values])
         largest = max((v for t in r["train"] for _, v in t["humanline/clamped_frac"]), default=math.nan)
-        shown = f"{fmt(steps)} | {fmt(sequences)} | {fmt(r['clamped_frac'], 4)} | {largest:.4f}"
-        lines.append(f"| {r['config']} | {r['seeds']} | {shown} |")
-    return lines
+        shown.append([r["config"], r["seeds"], fmt(steps), fmt(sequences), fmt(r["clamped_frac"], 4), f"{largest:.4f}"])
+    columns = "steps without signal | sequences without signal | clamped tokens | largest step's"
+    return lines + ["", *table(f"configuration | seeds | {columns}", shown)]
 
 
 def step_80_table(rows, ctx):
     """The ablations' data probe trains for 80 steps: every row (and the main suite's DPO rows) at step 80."""
-    lines = ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", ""]
-    lines += header("configuration | seeds | reward at step 80")
+    shown = []
     for r in [r for r in ctx.main_rows if r["config"].startswith("dpo")] + rows:
         at = [v for c in r["curves"] for s, v, _ in c if s == 80]
-        if at:
-            main = " (main, its own rate)" if r in ctx.main_rows else ""
-            lines.append(f"| {r['config']}{main} | {len(at)} | {fmt(mean_se(at))} |")
-    return lines
+        main = " (main, its own rate)" if r in ctx.main_rows else ""
+        shown += [[r["config"] + main, len(at), fmt(mean_se(at))]] if at else []
+    lines = ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", ""]
+    return lines + table("configuration | seeds | reward at step 80", shown)
 
 
 def settings(rows, ctx):
