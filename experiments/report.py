@@ -93,7 +93,7 @@ def code_versions(rows):
 
 def choose_rates(results):
     """variant -> its learning rate, chosen by suites.best_rates from the finished runs of every sweep suite. Keys: the
-    toy's variants, "<variant> lora", "<task> <variant>"."""
+    toy's variants, "<task> <variant>" (a study's: "<task> <its prefix><arm>")."""
     chosen = {}
     for suite, entry in suites.SUITES.items():
         if entry.chooses_rates:
