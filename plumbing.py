@@ -94,7 +94,8 @@ def parse_args(Args, name, checks):
     args, unknown = parser.parse_args_into_dataclasses(look_for_args_file=False, return_remaining_strings=True)
     fail(unknown, f"unknown arguments: {' '.join(unknown)} (--help lists them)")
     given = {f.name for f in fields(Args) if getattr(args, f.name) != f.default}  # set to other than their default
-    explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if k in given)
+    typed = {word.split("=")[0] for word in sys.argv[1:]}  # the flags given, whatever their value (`--sync none` too)
+    explicit = " ".join(f"--{k} {getattr(args, k)}" for k in ("sync", "clip") if f"--{k}" in typed)
     means = f"--humanline means --sync humanline --clip clamp: drop {explicit} or --humanline"
     fail(args.humanline and explicit, means)
     fail(args.offline and args.online, "choose one of --offline and --online")

@@ -219,6 +219,7 @@ BAD = [
     (["--learning_rate", "0"], "--learning_rate must be above 0"),
     (["--humanline", "--clip", "sampling"], "--humanline means --sync humanline --clip clamp: drop --clip sampling"),
     (["--humanline", "--sync", "trust_region"], "drop --sync trust_region"),
+    (["--humanline", "--sync", "none"], "drop --sync none"),  # the default's value, typed: still a contradiction
     (["--max_prompt_length", "64", "--max_length", "64"], "--max_prompt_length (64) must be below --max_length (64)"),
     (["--dataset", "missing/data.jsonl"], "--dataset missing/data.jsonl: no such file"),
     (["--reward_model", "./no_such_rm"], "--reward_model ./no_such_rm: no such file"),
