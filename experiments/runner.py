@@ -163,8 +163,25 @@ def launch(results, suite, name, script, flags, seed, task=None):
             os.remove(os.path.join(out, log))
 
 
+def copy_runs(results, source, suite, configs):
+    """The runs of `source` (a suite) of the same configuration, seed and rate as some of `suite`'s, copied into its
+    folder (each file as it was; cpu_seconds last, as a run writes it): its runner skips them, its tables read them."""
+    theirs, mine = load_runs(results, source), load_runs(results, suite)
+    for c in configs:
+        for key in [run_key(c.name, seed) for seed in c.seeds if run_key(c.name, seed) not in mine]:
+            run = theirs.get(key, {})
+            if run and json.loads(run["args.json"])["learning_rate"] == float(c.flags[c.flags.index("--learning_rate") + 1]):
+                os.makedirs(os.path.join(results, "runs", suite, key), exist_ok=True)
+                for name in sorted(run, key=lambda n: n == "cpu_seconds"):
+                    with open(os.path.join(results, "runs", suite, key, name), "w") as f:
+                        f.write(run[name])
+
+
 def run_suite(results, suite, entry, configs, jobs, only=""):
-    """Every unfinished run of a suite's configurations (those whose name contains `only`), `jobs` at a time."""
+    """Every unfinished run of a suite's configurations (those whose name contains `only`), `jobs` at a time; first,
+    those another suite ran already (`entry.copies`) copied from it."""
+    if entry.copies:
+        copy_runs(results, entry.copies, suite, configs)
     runs = load_runs(results, suite)
     seeds = sorted({seed for c in configs for seed in c.seeds})  # seed by seed: a suite stopped part-way is paired
     todo = [(c.name, c.script, c.flags, s) for s in seeds for c in configs if only in c.name and s in c.seeds]

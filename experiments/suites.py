@@ -214,12 +214,12 @@ def real_sweep(task, arms, seeds, prefix="", grow=None):
     return runs
 
 
-def real(task, arms, prefix=""):
-    def runs(results, chosen):  # each arm at its rate chosen on the validation prompts, on the test prompts
+def real(task, arms, prefix="", earlier=()):
+    def runs(results, chosen):  # each arm at its rate chosen on the validation prompts (`earlier`: by the second study)
         return [
             Config(name, f"{arm[0]}_humanline.py", arm_flags(task, arm) + lr_flags(chosen[key]), arm[4])
             for name, arm in arms.items()
-            for key in [f"{task} {prefix}{name}"]
+            for key in [f"{task} {STUDY if name in earlier else prefix}{name}"]
             if key in chosen
         ]
 
@@ -270,6 +270,23 @@ ANCHOR_PAIRS += [("grpo offline, no anchor", "grpo offline"), ("dpo offline+huma
 ON, PLAIN, K1, K4, CONTROL = OFFPOLICY_ARMS
 STUDY_OFFPOLICY_PAIRS = [(PLAIN, ON), (K1, PLAIN), (K4, PLAIN), (K1, ON), (K4, ON), (K1, CONTROL), (K4, CONTROL)]
 
+# ---- the third study (docs/results.md: its plan): what in offline humanline GRPO does the work; off-policy, powered -
+THIRD, SYNC_ONLY, NO_ANCHOR = "third study: ", ["--sync", "humanline", "--clip", "none"], ["--beta", "0", "--eps", "1e9"]
+HUMANLINE, NO_ANCHOR_ARM = "grpo offline+humanline", "grpo offline, no anchor"  # A's, at its rates, its runs copied
+DISSECTION_ARMS = {name: ANCHOR_ARMS[name] for name in (HUMANLINE, NO_ANCHOR_ARM)} | {
+    # humanline without its clamp: the reference synced every step, the ratio clip (0.15) and KL (0.01) to it
+    "grpo offline, sync only": ("grpo", "offline", SYNC_ONLY, (1, 4, 16), TEN),
+    # ... and without either: policy gradient weighted by pi_theta / pi_(previous step), about 1
+    "grpo offline, sync only, no clip or KL": ("grpo", "offline", SYNC_ONLY + NO_ANCHOR, (1, 4, 16), TEN),
+    # plain offline GRPO's two anchors to the starting model, one at a time
+    "grpo offline, ratio clip only": ("grpo", "offline", ["--beta", "0"], (1, 4, 16), TEN),
+    "grpo offline, KL only": ("grpo", "offline", ["--eps", "1e9"], (1, 4, 16), TEN),
+}
+DISSECTION_PAIRS = [(arm, to) for arm in list(DISSECTION_ARMS)[2:] for to in (HUMANLINE, NO_ANCHOR_ARM)]
+# C's two decisive comparisons with the seeds their power asks (seeds 0-4: C's runs, copied)
+POWERED_ARMS = {name: OFFPOLICY_ARMS[name][:4] + (tuple(range(14)),) for name in (ON, K4, CONTROL)}
+POWERED_PAIRS = [(CONTROL, ON), (K4, CONTROL)]
+
 
 # ---- the registry ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
@@ -287,6 +304,7 @@ class Suite:
     model: str = "toy task"
     task: str = None  # the real model's task: runs only when named; its runs checkpoint and measure quality
     arms: tuple = None  # a real model's sweep: (the prefix of its rates' keys, its arms), for its table
+    copies: str = None  # a suite whose runs of the same configuration and seed it copies before running its own
 
 
 def toy_start(split):
@@ -356,15 +374,17 @@ SUITES = {
 }
 
 
-def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, more=(), note="", welch=False):
+def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, more=(), note="", welch=False, **copy):
     """A real-model study's two suites: `<name>_sweep` chooses each arm's rate on the task's validation prompts (its
     grid grown past an edge that wins where `grow`), `<name>` compares the arms at those rates on the test prompts,
     paired by seed (the first study's tables keep their Welch tests beside: `welch`), with the report's `more`
-    sections; `note` goes under both titles."""
+    sections; `note` goes under both titles. `copy`: earlier=(arms whose rate the second study chose, not swept
+    again), copies=(the suite whose runs of those arms it copies)."""
     real_model = dict(model="SmolLM2-135M-Instruct", task=task, note=lambda results, chosen: note)
-    SUITES[f"{name}_sweep"] = Suite(
-        runs=real_sweep(task, arms, sweep_seeds, prefix, grow=f"{name}_sweep" if grow else None),
-        arms=(prefix, arms),
+    swept = {n: arm for n, arm in arms.items() if n not in copy.get("earlier", ())}
+    SUITES[f"{name}_sweep"] = None if not swept else Suite(
+        runs=real_sweep(task, swept, sweep_seeds, prefix, grow=f"{name}_sweep" if grow else None),
+        arms=(prefix, swept),
         sections=("long", "real sweep"),
         held_out=f"the {task} task's 128 validation prompts (success rate)",
         start=lambda: smollm2.starting(task, "valid"),
@@ -372,7 +392,8 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
         **real_model,
     )
     SUITES[name] = Suite(
-        runs=real(task, arms, prefix),
+        runs=real(task, arms, prefix, copy.get("earlier", ())),
+        copies=copy.get("copies"),
         sections=("long", *["tests"] * welch, "paired", "real", "time", *more, "answers"),
         pairs=lambda names: pairs,
         held_out=f"the {task} task's 256 test prompts (success rate)",
@@ -398,3 +419,9 @@ real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, 
 OFFPOLICY = (OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY)
 AMENDED = PLAN + " Its amendment, the off-policy control without an anchor: 2508d99, before that arm's runs."
 real_suites("addition", "offpolicy_addition", *OFFPOLICY, grow=True, more=["signal"], note=AMENDED)
+THIRD_PLAN = 'The plan of these runs: docs/results.md, "The third study", committed before them in {}.'
+COPIED = dict(earlier=(HUMANLINE, NO_ANCHOR_ARM), copies="anchor")
+real_suites("addition", "dissection", DISSECTION_ARMS, DISSECTION_PAIRS, STUDY_SWEEP_SEEDS, THIRD, True, **COPIED)
+POWERED = dict(earlier=tuple(POWERED_ARMS), copies="offpolicy_addition", more=["signal"])
+real_suites("addition", "offpolicy_powered", POWERED_ARMS, POWERED_PAIRS, (), THIRD, **POWERED)
+SUITES = {name: entry for name, entry in SUITES.items() if entry}  # a study without a sweep of its own
