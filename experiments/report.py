@@ -6,6 +6,7 @@ What a suite's report holds is its entry in suites.py: `sections` names the tabl
 import json
 import math
 import os
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +15,8 @@ import runner
 import suites
 from stat_tests import EQUIVALENCE_MARGIN, mean_se, new_seed_range, paired, significance
 from suites import CELLS, MULTIPLES, SHARED_LR, SWEEP_SEEDS, paper_lr, rate_of
+
+EQUATION = re.compile(r"\d+\s*\+\s*\d+\s*=\s*-?\d")  # a written sum, "47 + 38 = 85"
 
 
 # ---- summaries -------------------------------------------------------------------------------------------------------
@@ -50,6 +53,7 @@ def summarize(runs, configs):
             seed_row["clamped"] = np.mean([r.get("humanline/clamped_frac", 0) for r in steps])
             seed_row["margin"] = np.mean([r.get("rewards/margins", math.nan) for r in steps])
             seed_row["abs_log_ratio"] = np.mean([r.get("ratio/abs_log", math.nan) for r in steps])
+            seed_row["clip"] = np.mean([r.get("clip_frac", math.nan) for r in steps])  # GRPO: the ratio clip's share
             seed_row["logp_chosen"] = steps[-1].get("logps/chosen", steps[-1].get("logps", math.nan))
             seed_row["logp_rejected"] = steps[-1].get("logps/rejected", math.nan)
             seed_row |= dict(wall=float(run["wall_seconds"]), cpu=float(run["cpu_seconds"]))
@@ -73,7 +77,7 @@ def summarize(runs, configs):
         row = dict(config=name, script=script, flags=flags, seeds=len(per_seed), reward=ms("reward"))
         row |= dict(accuracy=ms("accuracy"), rewards=each("reward"), new_seed=new_seed_range(each("reward")))
         row |= dict(accuracies=each("accuracy"), walls=each("wall"), cpus=each("cpu"), loops=each("loop"))
-        row |= dict(wall=ms("wall"), cpu=ms("cpu"), loop=ms("loop"), clamped_frac=ms("clamped"))
+        row |= dict(wall=ms("wall"), cpu=ms("cpu"), loop=ms("loop"), clamped_frac=ms("clamped"), clip_frac=ms("clip"))
         row |= dict(regime=regime(flags, ms("clamped")[0]), margin=ms("margin"), abs_log_ratio=ms("abs_log_ratio"))
         row |= dict(logp_chosen=ms("logp_chosen"), logp_rejected=ms("logp_rejected"), curves=each("curve"))
         rows.append(row | dict(train=each("train"), args=each("args")))
@@ -420,6 +424,40 @@ def signal(rows, ctx):
     return lines + ["", *table(f"configuration | seeds | {columns}", shown)]
 
 
+def phrasing(rows, ctx):
+    """Addition, by phrasing: each row's success on the training phrasings and on the held-out one, its share of
+    finished equations, the shares of tokens the clamp cut (or would have) and the ratio clip bound; then each
+    comparison on each phrasing apart (paired, Holm over the comparisons within the phrasing)."""
+    held_out = lambda a: a["prompt"][-1]["content"].startswith(suites.smollm2.HELD_OUT.split("{")[0])  # noqa: E731
+    parts = {"training phrasings": lambda a: not held_out(a), "held-out phrasing": held_out}
+    part_rows = {}
+    for part, keep in parts.items():  # each row with only its answers on that phrasing, its success theirs
+        kept = [[[a for a in run if keep(a)] for run in r["answers"]] for r in rows]
+        rewards = [[np.mean([a["reward"] for a in run]) for run in k] for k in kept]
+        part_rows[part] = [dict(r, answers=k, rewards=x) for r, k, x in zip(rows, kept, rewards)]
+    equation = lambda a: a["finished"] and EQUATION.search(a["completion"]) is not None  # noqa: E731
+    lines = ["", "By phrasing: success on the three training phrasings and on the held-out one, the share of answers"]
+    lines += ['that are finished equations ("a + b = c", not cut), and the shares of tokens outside [-1.5, 1.5] and']
+    lines += ["bound by the ratio clip, averaged over training (mean ± standard error over seeds):", ""]
+    shown = []
+    for i, r in enumerate(rows):
+        success = [fmt(mean_se(p[i]["rewards"])) for p in part_rows.values()]
+        equations = fmt(mean_se([np.mean([equation(a) for a in run]) for run in r["answers"]]))
+        shown.append([r["config"], r["seeds"], *success, equations, fmt(r["clamped_frac"], 4), fmt(r["clip_frac"], 4)])
+    columns = "configuration | seeds | training phrasings | held-out phrasing | finished equations | clamped | clipped"
+    lines += table(columns, shown)
+    tests = {
+        part: paired(p, ctx.entry.pairs(ctx.names), ctx.entry.margin, resamples=0) for part, p in part_rows.items()
+    }
+    if not tests["held-out phrasing"]:
+        return lines
+    lines += ["", "Each comparison on each phrasing apart (paired by seed, Holm within the phrasing; the pooled"]
+    lines += ["verdict above decides):", ""]
+    cell = lambda t: f"{t['diff']:+.3f} ({t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}), p {t['p_holm']:.3g}"  # noqa: E731
+    found = zip(*tests.values())
+    return lines + table("comparison | " + " | ".join(parts), [[a["comparison"], cell(a), cell(b)] for a, b in found])
+
+
 def step_80_table(rows, ctx):
     """The ablations' data probe trains for 80 steps: every row (and the main suite's DPO rows) at step 80."""
     shown = []
@@ -457,6 +495,7 @@ SECTIONS = {
     "answers": answers,
     "task talk": task_talk,
     "signal": signal,
+    "phrasing": phrasing,
 }
 
 

@@ -169,8 +169,8 @@ def copy_runs(results, source, suite, configs):
     theirs, mine = load_runs(results, source), load_runs(results, suite)
     for c in configs:
         for key in [run_key(c.name, seed) for seed in c.seeds if run_key(c.name, seed) not in mine]:
-            run = theirs.get(key, {})
-            if run and json.loads(run["args.json"])["learning_rate"] == float(c.flags[c.flags.index("--learning_rate") + 1]):
+            run, rate = theirs.get(key, {}), float(c.flags[c.flags.index("--learning_rate") + 1])
+            if run and json.loads(run["args.json"])["learning_rate"] == rate:
                 os.makedirs(os.path.join(results, "runs", suite, key), exist_ok=True)
                 for name in sorted(run, key=lambda n: n == "cpu_seconds"):
                     with open(os.path.join(results, "runs", suite, key, name), "w") as f:

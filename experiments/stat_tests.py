@@ -80,7 +80,8 @@ def paired(rows, pairs, margin, resamples=10_000):
             test = dict(a=a, b=b, comparison=f"{a} vs {b}", seeds=len(seeds))
             differences.append([runs[0][s][0] - runs[1][s][0] for s in seeds])
             test |= paired_test(differences[-1], margin)
-            test["prompts_ci"] = prompt_bootstrap([[side[s][1] for s in seeds] for side in runs], resamples)
+            answers = [[side[s][1] for s in seeds] for side in runs]
+            test["prompts_ci"] = prompt_bootstrap(answers, resamples) if resamples else (math.nan, math.nan)
             tests.append(test)
     for rank, i in enumerate(np.argsort([t["p"] for t in tests])):
         tests[i]["detectable"] = paired_test(differences[i], margin, 0.05 / (len(tests) - rank))["detectable"]

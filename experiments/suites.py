@@ -271,7 +271,8 @@ ON, PLAIN, K1, K4, CONTROL = OFFPOLICY_ARMS
 STUDY_OFFPOLICY_PAIRS = [(PLAIN, ON), (K1, PLAIN), (K4, PLAIN), (K1, ON), (K4, ON), (K1, CONTROL), (K4, CONTROL)]
 
 # ---- the third study (docs/results.md: its plan): what in offline humanline GRPO does the work; off-policy, powered -
-THIRD, SYNC_ONLY, NO_ANCHOR = "third study: ", ["--sync", "humanline", "--clip", "none"], ["--beta", "0", "--eps", "1e9"]
+THIRD = "third study: "  # its rates' keys: "addition third study: <arm>"
+SYNC_ONLY, NO_ANCHOR = ["--sync", "humanline", "--clip", "none"], ["--beta", "0", "--eps", "1e9"]
 HUMANLINE, NO_ANCHOR_ARM = "grpo offline+humanline", "grpo offline, no anchor"  # A's, at its rates, its runs copied
 DISSECTION_ARMS = {name: ANCHOR_ARMS[name] for name in (HUMANLINE, NO_ANCHOR_ARM)} | {
     # humanline without its clamp: the reference synced every step, the ratio clip (0.15) and KL (0.01) to it
@@ -382,15 +383,16 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
     again), copies=(the suite whose runs of those arms it copies)."""
     real_model = dict(model="SmolLM2-135M-Instruct", task=task, note=lambda results, chosen: note)
     swept = {n: arm for n, arm in arms.items() if n not in copy.get("earlier", ())}
-    SUITES[f"{name}_sweep"] = None if not swept else Suite(
-        runs=real_sweep(task, swept, sweep_seeds, prefix, grow=f"{name}_sweep" if grow else None),
-        arms=(prefix, swept),
-        sections=("long", "real sweep"),
-        held_out=f"the {task} task's 128 validation prompts (success rate)",
-        start=lambda: smollm2.starting(task, "valid"),
-        chooses_rates=True,
-        **real_model,
-    )
+    if swept:  # a study of arms whose rates an earlier sweep chose has none of its own
+        SUITES[f"{name}_sweep"] = Suite(
+            runs=real_sweep(task, swept, sweep_seeds, prefix, grow=f"{name}_sweep" if grow else None),
+            arms=(prefix, swept),
+            sections=("long", "real sweep"),
+            held_out=f"the {task} task's 128 validation prompts (success rate)",
+            start=lambda: smollm2.starting(task, "valid"),
+            chooses_rates=True,
+            **real_model,
+        )
     SUITES[name] = Suite(
         runs=real(task, arms, prefix, copy.get("earlier", ())),
         copies=copy.get("copies"),
@@ -415,13 +417,13 @@ FIRST_STUDY = (REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS)
 real_suites("constraints", "constraints", *FIRST_STUDY, more=["task talk"], note=EARLIER, welch=True)
 real_suites("addition", "addition", *FIRST_STUDY, welch=True)
 PLAN = 'The plan of these runs: docs/results.md, "The second study", committed before them in d6a9b86.'
-real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, grow=True, note=PLAN)
+real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, True, ["phrasing"], PLAN)
 OFFPOLICY = (OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY)
 AMENDED = PLAN + " Its amendment, the off-policy control without an anchor: 2508d99, before that arm's runs."
-real_suites("addition", "offpolicy_addition", *OFFPOLICY, grow=True, more=["signal"], note=AMENDED)
-THIRD_PLAN = 'The plan of these runs: docs/results.md, "The third study", committed before them in {}.'
-COPIED = dict(earlier=(HUMANLINE, NO_ANCHOR_ARM), copies="anchor")
-real_suites("addition", "dissection", DISSECTION_ARMS, DISSECTION_PAIRS, STUDY_SWEEP_SEEDS, THIRD, True, **COPIED)
-POWERED = dict(earlier=tuple(POWERED_ARMS), copies="offpolicy_addition", more=["signal"])
+real_suites("addition", "offpolicy_addition", *OFFPOLICY, grow=True, more=["signal", "phrasing"], note=AMENDED)
+THIRD_PLAN = 'The plan of these runs: docs/results.md, "The third study", committed before them in d37e3e0.'
+COPIED = dict(earlier=(HUMANLINE, NO_ANCHOR_ARM), copies="anchor", note=THIRD_PLAN)
+D = ("dissection", DISSECTION_ARMS, DISSECTION_PAIRS, STUDY_SWEEP_SEEDS, THIRD, True, ["phrasing"])
+real_suites("addition", *D, **COPIED)
+POWERED = dict(earlier=tuple(POWERED_ARMS), copies="offpolicy_addition", more=["signal", "phrasing"], note=THIRD_PLAN)
 real_suites("addition", "offpolicy_powered", POWERED_ARMS, POWERED_PAIRS, (), THIRD, **POWERED)
-SUITES = {name: entry for name, entry in SUITES.items() if entry}  # a study without a sweep of its own

@@ -726,3 +726,64 @@ def test_the_signal_section_counts_steps_whose_every_group_tied_and_the_clamps_l
     lines = report.signal(rows, None)
     assert "| grpo off-policy+humanline | 2 | 0.250 ± 0.250 | 0.375 ± 0.375 | 0.0015 ± 0.0005 | 0.0040 |" in lines
     assert "signal" in suites.SUITES["offpolicy_addition"].sections
+
+
+def test_a_suite_copies_anothers_runs_of_the_same_configuration_seed_and_rate_and_runs_only_the_rest(
+    tmp_path, monkeypatch
+):
+    """The third study's D holds A's humanline and control runs: copied from `anchor` where the configuration, seed and
+    learning rate agree (file for file), the rest launched; a run of another rate is not copied."""
+    results = str(tmp_path)
+    chosen = {f"addition {suites.STUDY}{arm}": 2e-5 for arm in (suites.HUMANLINE, suites.NO_ANCHOR_ARM)}
+    chosen |= {f"addition {suites.THIRD}{arm}": 2e-5 for arm in list(suites.DISSECTION_ARMS)[2:]}
+    configs = suites.SUITES["dissection"].runs(results, chosen)
+    assert [c.name for c in configs] == list(suites.DISSECTION_ARMS) and all(
+        c.seeds == tuple(range(10)) for c in configs
+    )
+    for seed in range(10):
+        fake_run(results, "anchor", suites.HUMANLINE, seed, [(32, 0.4 + seed / 100)], quality=True, lr=2e-5)
+        fake_run(results, "anchor", suites.NO_ANCHOR_ARM, seed, [(32, 0.5)], quality=True, lr=8e-5)
+    runner.pack(results, "anchor")
+    launched = []
+    monkeypatch.setattr(runner, "launch", lambda results, suite, name, *_, task: launched.append(name))
+    runner.run_suite(results, "dissection", suites.SUITES["dissection"], configs, jobs=1)
+    theirs, mine = runner.load_runs(results, "anchor"), runner.load_runs(results, "dissection")
+    copied = [runner.run_key(suites.HUMANLINE, seed) for seed in range(10)]
+    assert sorted(mine) == sorted(copied) and all(mine[key] == theirs[key] for key in copied)
+    assert len(launched) == 50 and suites.HUMANLINE not in launched and launched.count(suites.NO_ANCHOR_ARM) == 10
+    rows = report.summarize(mine, configs)
+    assert [r["rewards"] for r in rows] == [pytest.approx([0.4 + seed / 100 for seed in range(10)])]
+
+
+def test_the_phrasing_section_splits_success_by_phrasing_by_hand(tmp_path):
+    """Two arms, two seeds, four test answers a run (three training phrasings, one held out): each phrasing's success
+    averaged over seeds, the finished equations' share, and the paired difference on the held-out phrasing."""
+    results = str(tmp_path)
+    chosen = {f"addition {suites.STUDY}{arm}": 2e-5 for arm in (suites.HUMANLINE, suites.NO_ANCHOR_ARM)}
+    configs = [c._replace(seeds=(0, 1)) for c in suites.SUITES["dissection"].runs(results, chosen)]
+    asks = [*suites.smollm2.PHRASINGS, suites.smollm2.HELD_OUT]
+    prompts = [[{"role": "user", "content": ask.format(a=12, b=30)}] for ask in asks]
+    said = {  # per arm and seed: each answer's (reward, finished, completion)
+        (suites.HUMANLINE, 0): [
+            (1, True, "12 + 30 = 42"),
+            (1, True, "42"),
+            (0, True, "12 + 30 = 41"),
+            (0, False, "It"),
+        ],
+        (suites.HUMANLINE, 1): [(1, True, "42"), (1, True, "42"), (1, True, "42"), (0, True, "12 + 30 = 40")],
+        (suites.NO_ANCHOR_ARM, 0): [(1, True, "12 + 30 = 42")] * 3 + [(1, True, "12 + 30 = 42")],
+        (suites.NO_ANCHOR_ARM, 1): [(0, True, "12 + 30 = 43")] * 3 + [(1, True, "12 + 30 = 42")],
+    }
+    for (arm, seed), answers in said.items():
+        answers = [dict(prompt=p, reward=r, finished=f, completion=c) for p, (r, f, c) in zip(prompts, answers)]
+        fake_run(results, "dissection", arm, seed, [(32, 0.5)], quality=True, answers=answers, lr=2e-5)
+    rows = report.summarize(runner.load_runs(results, "dissection"), configs)
+    ctx = types.SimpleNamespace(entry=suites.SUITES["anchor"], names=[r["config"] for r in rows])  # A's pairs
+    table = "\n".join(report.phrasing(rows, ctx))
+    # humanline: training 2/3 and 3/3 (mean 0.833, s.e. 0.167), held out 0 and 0; finished equations 2/4 and 1/4
+    assert f"| {suites.HUMANLINE} | 2 | 0.833 ± 0.167 | 0.000 ± 0.000 | 0.375 ± 0.125 | 0.0000 ± 0.0000 | – |" in table
+    # the control: training 1 and 0, held out 1 and 1; every answer a finished equation
+    assert f"| {suites.NO_ANCHOR_ARM} | 2 | 0.500 ± 0.500 | 1.000 ± 0.000 | 1.000 ± 0.000 |" in table
+    # humanline - control, paired: training -1/3 and +1 (mean +0.333), held out -1 and -1 (no spread, p 0)
+    line = next(x for x in table.splitlines() if x.startswith(f"| {suites.HUMANLINE} vs {suites.NO_ANCHOR_ARM} |"))
+    assert "| +0.333 (" in line and line.endswith("| -1.000 (-1.000, -1.000), p 0 |")
