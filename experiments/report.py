@@ -436,15 +436,18 @@ def phrasing(rows, ctx):
         rewards = [[np.mean([a["reward"] for a in run]) for run in k] for k in kept]
         part_rows[part] = [dict(r, answers=k, rewards=x) for r, k, x in zip(rows, kept, rewards)]
     equation = lambda a: a["finished"] and EQUATION.search(a["completion"]) is not None  # noqa: E731
-    lines = ["", "By phrasing: success on the three training phrasings and on the held-out one, the share of answers"]
-    lines += ['that are finished equations ("a + b = c", not cut), and the shares of tokens outside [-1.5, 1.5] and']
+    lines = ["", 'By phrasing: success and the share of answers that are finished equations ("a + b = c", not cut) on']
+    lines += ["the three training phrasings and on the held-out one, and the shares of tokens outside [-1.5, 1.5] and"]
     lines += ["bound by the ratio clip, averaged over training (mean ± standard error over seeds):", ""]
     shown = []
     for i, r in enumerate(rows):
         success = [fmt(mean_se(p[i]["rewards"])) for p in part_rows.values()]
-        equations = fmt(mean_se([np.mean([equation(a) for a in run]) for run in r["answers"]]))
-        shown.append([r["config"], r["seeds"], *success, equations, fmt(r["clamped_frac"], 4), fmt(r["clip_frac"], 4)])
-    columns = "configuration | seeds | training phrasings | held-out phrasing | finished equations | clamped | clipped"
+        equations = [
+            fmt(mean_se([np.mean([equation(a) for a in run]) for run in p[i]["answers"]])) for p in part_rows.values()
+        ]
+        shown.append([r["config"], r["seeds"], *success, *equations, fmt(r["clamped_frac"], 4), fmt(r["clip_frac"], 4)])
+    columns = "configuration | seeds | success: training phrasings | held-out | finished equations: training | held-out"
+    columns += " | clamped | clipped"
     lines += table(columns, shown)
     tests = {
         part: paired(p, ctx.entry.pairs(ctx.names), ctx.entry.margin, resamples=0) for part, p in part_rows.items()
