@@ -57,6 +57,7 @@ class RunArgs:
     eval_every: int = arg(20, "Evaluate at step 0 and every N steps (0: only at the end).")
     eval_at_start: bool = arg(True, "Evaluate the starting policy at step 0 (--no_eval_at_start: not, e.g. known).")
     num_eval_prompts: int = arg(256, "Held-out prompts per evaluation.")
+    keep_every_eval: bool = arg(False, "Also keep each evaluation's answers, as eval_samples-step<N>.jsonl.")
     output_dir: str = arg("", "Default: runs/<script>-<mode>-seed<seed>.")
     save_every: int = arg(50, "Checkpoint every N steps (0: only at the end).")
     save_total_limit: Optional[int] = arg(None, "Keep the newest N checkpoints (0: all); unset: 2, or all for the toy.")
@@ -600,6 +601,9 @@ class Session:
             self.lines += 1
             for write, _ in self.trackers:
                 write(record)
+            if self.args.keep_every_eval and "eval/reward" in record:  # the answers' drift over training, step by step
+                kept = os.path.join(self.args.output_dir, f"eval_samples-step{record['step']}.jsonl")
+                shutil.copyfile(os.path.join(self.args.output_dir, "eval_samples.jsonl"), kept)
 
     def skip_or_stop(self, sums):
         """(skip, stop): a non-finite loss on any process skips the step everywhere; a SIGTERM stops every process."""
@@ -813,7 +817,8 @@ class Session:
 MODE = ("offline", "online", "humanline", "sync", "clip", "pairs_from_samples", "sample_every", "seed", "plan_only")
 RESUMABLE = (  # settings a resumed run may change
     "resume output_dir save_every log_every eval_every eval_at_start num_eval_prompts eval_prompts dist_timeout "
-    "report_to overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code ignore_memory_plan"
+    "report_to overwrite_output_dir save_total_limit on_bad_reward max_bad_steps trust_remote_code ignore_memory_plan "
+    "keep_every_eval"
 ).split()
 
 

@@ -704,6 +704,21 @@ def test_an_evaluation_writes_its_answers_and_whether_each_finished(dpo_run, ext
     assert cut == last["eval/truncated_completions"] == (8 if extra else 0) and last["eval/truncated_frac"] == cut / 8
 
 
+def test_keep_every_eval_keeps_each_evaluations_answers_by_step(dpo_run):
+    """--keep_every_eval: beside the latest, eval_samples-step<N>.jsonl for each evaluation, whose rewards are that
+    evaluation's record; the last one is eval_samples.jsonl. Without the flag, the latest only."""
+    run = dpo_run(["--eval_every", "2", "--keep_every_eval"]).check()
+    evaluations = [r for r in run.records if "eval/reward" in r]
+    kept = sorted(f for f in os.listdir(run.out) if f.startswith("eval_samples-step"))
+    assert len(evaluations) >= 3 and kept == sorted(f"eval_samples-step{r['step']}.jsonl" for r in evaluations)
+    for r in evaluations:
+        answers = [json.loads(line) for line in open(os.path.join(run.out, f"eval_samples-step{r['step']}.jsonl"))]
+        assert sum(a["reward"] for a in answers) / len(answers) == pytest.approx(r["eval/reward"], abs=1e-12)
+    last = os.path.join(run.out, f"eval_samples-step{evaluations[-1]['step']}.jsonl")
+    assert open(last).read() == open(os.path.join(run.out, "eval_samples.jsonl")).read()
+    assert not [f for f in os.listdir(dpo_run([]).check().out) if f.startswith("eval_samples-step")]
+
+
 def test_an_online_run_whose_samples_would_be_cut_before_training_is_refused(tmp_path):
     # prompt 16 + completion 40 > 24: the tail a reward scored (a math answer) would be cut before the loss sees it
     proc = warm.run(
