@@ -64,6 +64,9 @@ def summarize(runs, configs):
             seed_row["cut"] = last.get("eval/truncated_frac", math.nan)
             seed_row["quality"] = json.loads(run.get("quality.json", "{}"))
             seed_row["answers"] = [json.loads(line) for line in run.get("eval_samples.jsonl", "").splitlines()]
+            kept = {n.removeprefix("quality-step").removesuffix(".json"): t for n, t in run.items()}
+            kept = {int(step): json.loads(t) for step, t in kept.items() if step.isdigit()}
+            seed_row["drift"] = [(step, kept[step]["perplexity"]) for step in sorted(kept)]  # --keep_every_eval's
             per_seed.append(seed_row)
         if not per_seed:
             continue
@@ -85,6 +88,8 @@ def summarize(runs, configs):
             rows[-1] |= dict(cut=ms("cut"), cuts=each("cut"), answers=each("answers"))
             for key in ("perplexity", "repeated_words"):
                 rows[-1][key] = mean_se([s["quality"][key] for s in per_seed])
+        if any(each("drift")):  # the horizon's: each evaluation's perplexity under the starting model
+            rows[-1]["drifts"] = each("drift")
     return rows
 
 
@@ -430,6 +435,7 @@ def phrasing(rows, ctx):
     comparison on each phrasing apart (paired, Holm over the comparisons within the phrasing)."""
     held_out = lambda a: a["prompt"][-1]["content"].startswith(suites.smollm2.HELD_OUT.split("{")[0])  # noqa: E731
     parts = {"training phrasings": lambda a: not held_out(a), "held-out phrasing": held_out}
+    parts = {p: keep for p, keep in parts.items() if any(keep(a) for r in rows for run in r["answers"] for a in run)}
     part_rows = {}
     for part, keep in parts.items():  # each row with only its answers on that phrasing, its success theirs
         kept = [[[a for a in run if keep(a)] for run in r["answers"]] for r in rows]
@@ -437,8 +443,11 @@ def phrasing(rows, ctx):
         part_rows[part] = [dict(r, answers=k, rewards=x) for r, k, x in zip(rows, kept, rewards)]
     equation = lambda a: a["finished"] and EQUATION.search(a["completion"]) is not None  # noqa: E731
     lines = ["", 'By phrasing: success and the share of answers that are finished equations ("a + b = c", not cut) on']
-    lines += ["the three training phrasings and on the held-out one, and the shares of tokens outside [-1.5, 1.5] and"]
-    lines += ["bound by the ratio clip, averaged over training (mean ± standard error over seeds):", ""]
+    lines += ["the three training phrasings" + " and on the held-out one" * (len(parts) > 1) + ", and the shares of"]
+    lines += [
+        "tokens outside [-1.5, 1.5] and bound by the ratio clip, averaged over training (mean ± standard error over"
+    ]
+    lines += ["seeds):", ""]
     shown = []
     for i, r in enumerate(rows):
         success = [fmt(mean_se(p[i]["rewards"])) for p in part_rows.values()]
@@ -446,19 +455,47 @@ def phrasing(rows, ctx):
             fmt(mean_se([np.mean([equation(a) for a in run]) for run in p[i]["answers"]])) for p in part_rows.values()
         ]
         shown.append([r["config"], r["seeds"], *success, *equations, fmt(r["clamped_frac"], 4), fmt(r["clip_frac"], 4)])
-    columns = "configuration | seeds | success: training phrasings | held-out | finished equations: training | held-out"
-    columns += " | clamped | clipped"
-    lines += table(columns, shown)
+    names = ["training phrasings", "held-out"][: len(parts)]  # the validation prompts hold no held-out phrasing
+    columns = f"configuration | seeds | success: {' | '.join(names)} | finished equations: "
+    lines += table(columns + " | ".join(n.split()[0] for n in names) + " | clamped | clipped", shown)
     tests = {
         part: paired(p, ctx.entry.pairs(ctx.names), ctx.entry.margin, resamples=0) for part, p in part_rows.items()
     }
-    if not tests["held-out phrasing"]:
+    if len(parts) < 2 or not tests["held-out phrasing"]:
         return lines
     lines += ["", "Each comparison on each phrasing apart (paired by seed, Holm within the phrasing; the pooled"]
     lines += ["verdict above decides):", ""]
     cell = lambda t: f"{t['diff']:+.3f} ({t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}), p {t['p_holm']:.3g}"  # noqa: E731
     found = zip(*tests.values())
     return lines + table("comparison | " + " | ".join(parts), [[a["comparison"], cell(a), cell(b)] for a, b in found])
+
+
+def horizon(rows, ctx):
+    """Each arm's validation success and drift (its answers' perplexity under the starting model) at each evaluation,
+    and per seed its last success against its best (the plan's collapse rule reads them)."""
+    steps = sorted({s for r in rows for c in r["curves"] for s, _, _ in c})
+    at = lambda series, step: [v for run in series for s, v, *_ in run if s == step]  # noqa: E731
+    lines = ["", f"Validation success (and drift: perplexity under the starting model, {ctx.entry.start():.3f} at the"]
+    lines += ["start in success) at each evaluation, mean ± standard error over seeds:", ""]
+    cell = lambda r, s: f"{fmt(mean_se(at(r['curves'], s)))} ({fmt(mean_se(at(r.get('drifts', []), s)), 2)})"  # noqa: E731
+    lines += table(
+        "configuration | " + " | ".join(map(str, steps)), [[r["config"]] + [cell(r, s) for s in steps] for r in rows]
+    )
+    lines += ["", "Each seed's last success, its best evaluation, and the fall from that best:", ""]
+    shown = []
+    for r in rows:
+        for seed, curve in zip(r["args"], r["curves"]):
+            success = [v for _, v, _ in curve]
+            shown.append(
+                [
+                    r["config"],
+                    seed["seed"],
+                    f"{success[-1]:.3f}",
+                    f"{max(success):.3f}",
+                    f"{max(success) - success[-1]:.3f}",
+                ]
+            )
+    return lines + table("configuration | seed | last | best | fall", shown)
 
 
 def step_80_table(rows, ctx):
@@ -499,6 +536,7 @@ SECTIONS = {
     "task talk": task_talk,
     "signal": signal,
     "phrasing": phrasing,
+    "horizon": horizon,
 }
 
 

@@ -7,8 +7,9 @@ reward that failed) or is stopped (a signal) ends the suite at once: the queued 
 are packed. A real model's run keeps a checkpoint every 4 steps and a rerun of its suite continues it; its wall and CPU
 seconds add up over the attempts, and its args.json keeps each attempt's code (the scripts write it). Runs are written
 to results/runs/<suite>/ and packed, every few runs, into results/<suite>.tar.gz: metrics.jsonl, args.json, the last
-evaluation's answers (eval_samples.jsonl), the real model's quality.json (smollm2.quality), wall and CPU seconds; the
-weights are deleted. The archive is what the report reads and what is committed.
+evaluation's answers (eval_samples.jsonl), the real model's quality.json (smollm2.quality), wall and CPU seconds, and
+with --keep_every_eval each evaluation's answers and quality (-step<N>); the weights are deleted. The archive is what
+the report reads and what is committed.
 """
 
 import contextlib
@@ -145,13 +146,13 @@ def launch(results, suite, name, script, flags, seed, task=None):
     stopped = code == 0 and not finished(run, max_steps_of(flags))
     if code != 0 or stopped:  # failed, or stopped by a signal after saving: a rerun continues it
         raise SystemExit(f"{' '.join(cmd)} {'stopped' if stopped else f'failed ({code})'}; see {out}/log.txt")
-    if task:  # what the reward leaves out, measured on the run's last answers
+    kept = sorted(glob.glob(os.path.join(out, "eval_samples-step*.jsonl")))  # --keep_every_eval's
+    for samples in [os.path.join(out, "eval_samples.jsonl"), *kept] if task else []:  # what the reward leaves out
         quality = [sys.executable, os.path.join(ROOT, "experiments", "smollm2.py"), "quality", "--task", task]
-        quality += ["--samples", os.path.join(out, "eval_samples.jsonl")]
-        if run_script(quality, env, os.path.join(out, "quality.log"))[0]:
-            raise SystemExit(f"{' '.join(quality)} failed; see {out}/quality.log")
+        if run_script(quality + ["--samples", samples], env, os.path.join(out, "quality.log"))[0]:
+            raise SystemExit(f"{' '.join(quality)} --samples {samples} failed; see {out}/quality.log")
     for file in os.listdir(out):  # keep the metrics and the answers, drop the weights
-        if file not in KEPT + ("log.txt", "quality.log"):
+        if file not in KEPT + ("log.txt", "quality.log") and not file.startswith(("eval_samples-step", "quality-step")):
             p = os.path.join(out, file)
             shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
     with open(os.path.join(out, "wall_seconds"), "w") as f:

@@ -431,11 +431,14 @@ def main():
     commands = ["model", "prompts", "baseline", "pairs", "memory", "quality"]
     parser.add_argument("command", choices=commands, help="what to make")
     parser.add_argument("--task", choices=sorted(TASKS), default="constraints", help="baseline, pairs, quality")
-    parser.add_argument("--samples", help="quality: a run's eval_samples.jsonl (writes quality.json beside it)")
+    parser.add_argument(
+        "--samples", help="quality: a run's eval_samples[-step<N>].jsonl (writes quality[-step<N>].json)"
+    )
     args = parser.parse_args()
     if args.command == "quality":
-        found = quality(args.samples, args.task)
-        with open(os.path.join(os.path.dirname(args.samples), "quality.json"), "w") as f:
+        found = quality(args.samples, args.task)  # eval_samples[-step<N>].jsonl -> quality[-step<N>].json beside it
+        name = os.path.basename(args.samples).replace("eval_samples", "quality").replace(".jsonl", ".json")
+        with open(os.path.join(os.path.dirname(args.samples), name), "w") as f:
             json.dump(found, f)
         return print(found)
     if args.command in ("pairs", "baseline"):  # of one task

@@ -427,3 +427,22 @@ D = ("dissection", DISSECTION_ARMS, DISSECTION_PAIRS, STUDY_SWEEP_SEEDS, THIRD, 
 real_suites("addition", *D, **COPIED)
 POWERED = dict(earlier=tuple(POWERED_ARMS), copies="offpolicy_addition", more=["signal", "phrasing"], note=THIRD_PLAN)
 real_suites("addition", "offpolicy_powered", POWERED_ARMS, POWERED_PAIRS, (), THIRD, **POWERED)
+# F: C's online, k = 1 and control arms for 192 steps (12 sampling rounds), validation success and the answers' drift
+# every 32 steps (each evaluation's answers kept, their perplexity under the starting model measured); no tests
+VALID_EVERY_32 = ["--eval_prompts", smollm2.data("addition", "valid"), "--num_eval_prompts", "128", "--keep_every_eval"]
+VALID_EVERY_32 += ["--max_steps", "192", "--eval_every", "32"]
+HORIZON_ARMS = {
+    name: (algo, mode, runner.strip(more, "--max_steps") + VALID_EVERY_32, grid, (0, 1, 2))
+    for name in (ON, K1, CONTROL)
+    for algo, mode, more, grid, _ in [OFFPOLICY_ARMS[name]]
+}
+SUITES["horizon"] = Suite(
+    runs=real("addition", HORIZON_ARMS, THIRD, earlier=tuple(HORIZON_ARMS)),
+    sections=("long", "real", "horizon", "signal", "phrasing", "answers"),
+    held_out="the addition task's 128 validation prompts (success rate)",
+    start=lambda: smollm2.starting("addition", "valid"),
+    margin=0.05,
+    model="SmolLM2-135M-Instruct",
+    task="addition",
+    note=lambda results, chosen: THIRD_PLAN,
+)

@@ -788,3 +788,48 @@ def test_the_phrasing_section_splits_success_by_phrasing_by_hand(tmp_path):
     # humanline - control, paired: training -1/3 and +1 (mean +0.333), held out -1 and -1 (no spread, p 0)
     line = next(x for x in table.splitlines() if x.startswith(f"| {suites.HUMANLINE} vs {suites.NO_ANCHOR_ARM} |"))
     assert "| +0.333 (" in line and line.endswith("| -1.000 (-1.000, -1.000), p 0 |")
+
+
+def test_the_horizon_keeps_each_evaluations_answers_and_their_drift_and_draws_them_as_a_table(tmp_path, monkeypatch):
+    """A horizon run (--keep_every_eval): the runner measures the quality of each evaluation's answers as of the last,
+    keeps them (and drops the weights), and the horizon section gives success and perplexity at each evaluation and
+    each seed's fall from its best."""
+    results, perplexity = str(tmp_path), {"eval_samples.jsonl": 2.5, "eval_samples-step1.jsonl": 1.5}
+    perplexity["eval_samples-step2.jsonl"] = 2.5
+
+    def fake_script(cmd, env, log_path, progress=None):
+        if "quality" in cmd:  # smollm2.py quality --samples X writes quality[-step<N>].json beside X
+            name = os.path.basename(cmd[-1]).replace("eval_samples", "quality").replace(".jsonl", ".json")
+            found = {"perplexity": perplexity[os.path.basename(cmd[-1])], "repeated_words": 0.0}
+            json.dump(found, open(os.path.join(os.path.dirname(cmd[-1]), name), "w"))
+            return 0, 1.0
+        out, seed = cmd[cmd.index("--output_dir") + 1], int(cmd[cmd.index("--seed") + 1])
+        success = {1: 0.5, 2: 0.5 - 0.25 * seed}  # seed 1 falls by 0.25 from its best
+        with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+            for step, reward in success.items():
+                f.write(json.dumps({"step": step, "loss": 0.1, "eval/reward": reward, "eval/bad_rewards": 0}) + "\n")
+        for name in perplexity:
+            open(os.path.join(out, name), "w").write(json.dumps({"prompt": "p", "completion": "1 + 1 = 2"}) + "\n")
+        open(os.path.join(out, "args.json"), "w").write(json.dumps({"seed": seed, "provenance": {"code": "a"}}))
+        os.makedirs(os.path.join(out, "checkpoint-2"))
+        return 0, 10.0
+
+    monkeypatch.setattr(runner, "run_script", fake_script)
+    config = suites.Config("grpo online", "grpo_humanline.py", ["--max_steps", "2", "--keep_every_eval"], (0, 1))
+    for seed in config.seeds:
+        runner.launch(results, "horizon", config.name, config.script, config.flags, seed, task="addition")
+    runs = runner.load_runs(results, "horizon")
+    assert sorted(runs[runner.run_key(config.name, 0)]) == sorted(
+        ["args.json", "cpu_seconds", "metrics.jsonl", "wall_seconds", "quality.json"]
+        + [*perplexity, "quality-step1.json", "quality-step2.json"]
+    )
+    rows = report.summarize(runs, [config])
+    assert rows[0]["drifts"] == [[(1, 1.5), (2, 2.5)]] * 2
+    ctx = types.SimpleNamespace(entry=suites.SUITES["horizon"])
+    table = "\n".join(report.horizon(rows, ctx))
+    assert "| configuration | 1 | 2 |" in table
+    assert "| grpo online | 0.500 ± 0.000 (1.50 ± 0.00) | 0.375 ± 0.125 (2.50 ± 0.00) |" in table
+    assert (
+        "| grpo online | 1 | 0.250 | 0.500 | 0.250 |" in table
+        and "| grpo online | 0 | 0.500 | 0.500 | 0.000 |" in table
+    )
