@@ -423,20 +423,19 @@ AMENDED = PLAN + " Its amendment, the off-policy control without an anchor: 2508
 real_suites("addition", "offpolicy_addition", *OFFPOLICY, grow=True, more=["signal", "phrasing"], note=AMENDED)
 THIRD_PLAN = 'The plan of these runs: docs/results.md, "The third study", committed before them in d37e3e0.'
 COPIED = dict(earlier=(HUMANLINE, NO_ANCHOR_ARM), copies="anchor", note=THIRD_PLAN)
+# the plan's amendment: the ratio clip alone at 2e-5 too (its sweep chose a higher rate), so that every arm has a row at
+# the rate the others chose, and two more comparisons (Holm over ten)
+CLIP_AT_2E5, CLIP_ONLY = "grpo offline, ratio clip only, at 2e-5", DISSECTION_ARMS["grpo offline, ratio clip only"]
+DISSECTION_PAIRS += [(CLIP_AT_2E5, HUMANLINE), (CLIP_AT_2E5, NO_ANCHOR_ARM)]
 D = ("dissection", DISSECTION_ARMS, DISSECTION_PAIRS, STUDY_SWEEP_SEEDS, THIRD, True, ["phrasing"])
 real_suites("addition", *D, **COPIED)
-# the plan's amendment: the ratio clip alone at 2e-5 too (its sweep chose a higher rate), so that every arm has a row at
-# the rate the others chose, and two more comparisons (Holm now over ten)
-CLIP_AT_2E5 = "grpo offline, ratio clip only, at 2e-5"
-CLIP_ONLY = DISSECTION_ARMS["grpo offline, ratio clip only"]
 
 
-def dissection(results, chosen, chosen_rates=SUITES["dissection"].runs):
+def dissection(results, chosen, at_chosen_rates=SUITES["dissection"].runs):
     fixed = Config(CLIP_AT_2E5, "grpo_humanline.py", arm_flags("addition", CLIP_ONLY) + lr_flags(2e-5), TEN)
-    return chosen_rates(results, chosen) + [fixed]
+    return at_chosen_rates(results, chosen) + [fixed]
 
 
-DISSECTION_PAIRS += [(CLIP_AT_2E5, HUMANLINE), (CLIP_AT_2E5, NO_ANCHOR_ARM)]
 SUITES["dissection"] = replace(SUITES["dissection"], runs=dissection)
 POWERED = dict(earlier=tuple(POWERED_ARMS), copies="offpolicy_addition", more=["signal", "phrasing"], note=THIRD_PLAN)
 real_suites("addition", "offpolicy_powered", POWERED_ARMS, POWERED_PAIRS, (), THIRD, **POWERED)

@@ -737,9 +737,8 @@ def test_a_suite_copies_anothers_runs_of_the_same_configuration_seed_and_rate_an
     chosen = {f"addition {suites.STUDY}{arm}": 2e-5 for arm in (suites.HUMANLINE, suites.NO_ANCHOR_ARM)}
     chosen |= {f"addition {suites.THIRD}{arm}": 2e-5 for arm in list(suites.DISSECTION_ARMS)[2:]}
     configs = suites.SUITES["dissection"].runs(results, chosen)
-    assert [c.name for c in configs] == list(suites.DISSECTION_ARMS) and all(
-        c.seeds == tuple(range(10)) for c in configs
-    )
+    assert [c.name for c in configs] == [*suites.DISSECTION_ARMS, suites.CLIP_AT_2E5]  # the amendment's row last
+    assert all(c.seeds == tuple(range(10)) for c in configs) and suites.rate_of(configs[-1].flags) == 2e-5
     for seed in range(10):
         fake_run(results, "anchor", suites.HUMANLINE, seed, [(32, 0.4 + seed / 100)], quality=True, lr=2e-5)
         fake_run(results, "anchor", suites.NO_ANCHOR_ARM, seed, [(32, 0.5)], quality=True, lr=8e-5)
@@ -750,7 +749,7 @@ def test_a_suite_copies_anothers_runs_of_the_same_configuration_seed_and_rate_an
     theirs, mine = runner.load_runs(results, "anchor"), runner.load_runs(results, "dissection")
     copied = [runner.run_key(suites.HUMANLINE, seed) for seed in range(10)]
     assert sorted(mine) == sorted(copied) and all(mine[key] == theirs[key] for key in copied)
-    assert len(launched) == 50 and suites.HUMANLINE not in launched and launched.count(suites.NO_ANCHOR_ARM) == 10
+    assert len(launched) == 60 and suites.HUMANLINE not in launched and launched.count(suites.NO_ANCHOR_ARM) == 10
     rows = report.summarize(mine, configs)
     assert [r["rewards"] for r in rows] == [pytest.approx([0.4 + seed / 100 for seed in range(10)])]
 
