@@ -752,6 +752,9 @@ def test_a_suite_copies_anothers_runs_of_the_same_configuration_seed_and_rate_an
     assert len(launched) == 60 and suites.HUMANLINE not in launched and launched.count(suites.NO_ANCHOR_ARM) == 10
     rows = report.summarize(mine, configs)
     assert [r["rewards"] for r in rows] == [pytest.approx([0.4 + seed / 100 for seed in range(10)])]
+    fake_run(results, "dissection", suites.NO_ANCHOR_ARM, 0, [(32, 0.5)], quality=True, lr=2e-5, code="new")
+    table = "\n".join(report.report(results, "dissection", configs) and open(os.path.join(results, "dissection.md")))
+    assert "Code abc: grpo offline+humanline." in table and "Code new: grpo offline, no anchor." in table  # said
 
 
 def test_the_phrasing_section_splits_success_by_phrasing_by_hand(tmp_path):
