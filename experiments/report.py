@@ -458,10 +458,12 @@ def phrasing(rows, ctx):
     names = ["training phrasings", "held-out"][: len(parts)]  # the validation prompts hold no held-out phrasing
     columns = f"configuration | seeds | success: {' | '.join(names)} | finished equations: "
     lines += table(columns + " | ".join(n.split()[0] for n in names) + " | clamped | clipped", shown)
+    if len(parts) < 2:
+        return lines
     tests = {
         part: paired(p, ctx.entry.pairs(ctx.names), ctx.entry.margin, resamples=0) for part, p in part_rows.items()
     }
-    if len(parts) < 2 or not tests["held-out phrasing"]:
+    if not tests["held-out phrasing"]:
         return lines
     lines += ["", "Each comparison on each phrasing apart (paired by seed, Holm within the phrasing; the pooled"]
     lines += ["verdict above decides):", ""]

@@ -753,7 +753,8 @@ def test_a_suite_copies_anothers_runs_of_the_same_configuration_seed_and_rate_an
     rows = report.summarize(mine, configs)
     assert [r["rewards"] for r in rows] == [pytest.approx([0.4 + seed / 100 for seed in range(10)])]
     fake_run(results, "dissection", suites.NO_ANCHOR_ARM, 0, [(32, 0.5)], quality=True, lr=2e-5, code="new")
-    table = "\n".join(report.report(results, "dissection", configs) and open(os.path.join(results, "dissection.md")))
+    report.report(results, "dissection", configs)  # two code versions, no --mix_code: the copies are its own
+    table = open(os.path.join(results, "dissection.md")).read()
     assert "Code abc: grpo offline+humanline." in table and "Code new: grpo offline, no anchor." in table  # said
 
 
