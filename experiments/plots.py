@@ -56,7 +56,7 @@ def plot(results, suite, entry, rows, start=None):
     except ImportError:
         print("(matplotlib is not installed: no plots; `pip install -r experiments/requirements.txt` for them)")
         return
-    fig = {"sweep": sweep_plot, "curves": curves_plot, "bars": bars_plot}[entry.plot](plt, rows, start, entry.group)
+    fig = {"sweep": sweep_plot, "curves": curves_plot, "bars": bars_plot}[entry.plot](plt, rows, start)
     if entry.plot == "bars":
         fig.axes[0].set_title(f"{entry.model}: {suite}")
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_size_inches()[1]))  # leave the suptitle its own strip
@@ -64,7 +64,7 @@ def plot(results, suite, entry, rows, start=None):
     plt.close(fig)
 
 
-def sweep_plot(plt, rows, start, group):
+def sweep_plot(plt, rows, start):
     """The mechanism: reward, margin (GRPO: |log-ratio|) and clamped fraction of the offline pair against the
     learning rate, online dotted for reference."""
     algos = [a for a in ("dpo", "kto", "grpo") if any(r["config"].startswith(f"{a} offline") for r in rows)]
@@ -94,12 +94,12 @@ def sweep_plot(plt, rows, start, group):
     return fig
 
 
-def curves_plot(plt, rows, start, group):
-    """One row of panels per `group` of configurations, sharing the step axis: the held-out reward (mean ± s.e.
-    over seeds), then each diagnostic of PANELS that the group logs (a running mean of 9 steps)."""
+def curves_plot(plt, rows, start):
+    """One row of panels per objective (the configuration's first word), sharing the step axis: the held-out reward
+    (mean ± s.e. over seeds), then each diagnostic of PANELS that the objective logs (a running mean of 9 steps)."""
     groups = {}
     for r in rows:
-        groups.setdefault(group(r["config"]), []).append(r)
+        groups.setdefault(r["config"].split()[0], []).append(r)
     width, height = 3.8 * (1 + len(PANELS)), 3.0 * max(len(groups), 1.3)
     fig, axes = plt.subplots(len(groups), 1 + len(PANELS), figsize=(width, height), squeeze=False, sharex=True)
     for row_axes, (group, members) in zip(axes, groups.items()):
@@ -133,7 +133,7 @@ def curves_plot(plt, rows, start, group):
     return fig
 
 
-def bars_plot(plt, rows, start, group):
+def bars_plot(plt, rows, start):
     """Each configuration's final held-out reward (mean ± s.e.), the starting policy's as a line."""
     fig, ax = plt.subplots(figsize=(10, 0.38 * len(rows) + 1.2))
     errors = [0 if math.isnan(r["reward"][1]) else r["reward"][1] for r in rows]

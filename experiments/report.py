@@ -226,7 +226,6 @@ def time_ratios(rows):
         for algo in ("dpo", "kto", "grpo")
         for slow, fast in (("online", "offline+humanline"), ("offline+humanline", "offline"))
     ]
-    pairs += [("grpo online (sample every step)", "grpo off-policy+humanline k=16")]
     pairs = [(by[a], by[b]) for a, b in pairs if a in by and b in by]
     if not pairs:
         return []
@@ -303,13 +302,8 @@ def sweep_tables(rows, configs, start):
     for cell, _, _ in CELLS:
         shared = at.get((cell, f"{SHARED_LR:g}"))
         best = at.get((cell, f"{chosen[cell]:g}")) if cell in chosen else None
-        found.append(
-            [
-                cell,
-                fmt(shared["reward"]) if shared else "",
-                fmt(best["reward"]) + f" ({chosen[cell]:g})" if best else "",
-            ]
-        )
+        at_best = fmt(best["reward"]) + f" ({chosen[cell]:g})" if best else ""
+        found.append([cell, fmt(shared["reward"]) if shared else "", at_best])
     lines += table("variant | at the shared rate | at its chosen rate", found)
     lines += [
         "",
@@ -487,28 +481,9 @@ def horizon(rows, ctx):
     shown = []
     for r in rows:
         for seed, curve in zip(r["args"], r["curves"]):
-            success = [v for _, v, _ in curve]
-            shown.append(
-                [
-                    r["config"],
-                    seed["seed"],
-                    f"{success[-1]:.3f}",
-                    f"{max(success):.3f}",
-                    f"{max(success) - success[-1]:.3f}",
-                ]
-            )
+            last, best = curve[-1][1], max(v for _, v, _ in curve)
+            shown.append([r["config"], seed["seed"], f"{last:.3f}", f"{best:.3f}", f"{best - last:.3f}"])
     return lines + table("configuration | seed | last | best | fall", shown)
-
-
-def step_80_table(rows, ctx):
-    """The ablations' data probe trains for 80 steps: every row (and the main suite's DPO rows) at step 80."""
-    shown = []
-    for r in [r for r in ctx.main_rows if r["config"].startswith("dpo")] + rows:
-        at = [v for c in r["curves"] for s, v, _ in c if s == 80]
-        main = " (main, its own rate)" if r in ctx.main_rows else ""
-        shown += [[r["config"] + main, len(at), fmt(mean_se(at))]] if at else []
-    lines = ["", "Held-out reward at step 80 (the data probe's last step), mean ± standard error:", ""]
-    return lines + table("configuration | seeds | reward at step 80", shown)
 
 
 def settings(rows, ctx):
@@ -531,7 +506,6 @@ SECTIONS = {
     "time": lambda rows, ctx: time_ratios(rows),
     "settings": settings,
     "sweep": lambda rows, ctx: sweep_tables(rows, ctx.configs, suites.toy_start("valid")),
-    "step 80": step_80_table,
     "real sweep": real_sweep_table,
     "real": real_table,
     "answers": answers,
@@ -542,9 +516,9 @@ SECTIONS = {
 }
 
 
-def report(results, suite, configs, main_rows=(), mix_code=False, note=""):
+def report(results, suite, configs, mix_code=False, note=""):
     """Write `<suite>.md`, `<suite>.jsonl` and the plot from the suite's finished runs (its entry in suites.SUITES says
-    which tables; the ablations' step-80 table reads the main suite's `main_rows` too)."""
+    which tables)."""
     entry, runs = suites.SUITES[suite], runner.load_runs(results, suite)
     rows = summarize(runs, configs)
     if not rows:
@@ -571,8 +545,7 @@ def report(results, suite, configs, main_rows=(), mix_code=False, note=""):
     ]
     if early:
         lines += [f"Ended before their last step, a whole pass of prompts giving no batch: {', '.join(early)}.", ""]
-    ctx = SimpleNamespace(entry=entry, results=results, main_rows=list(main_rows), names=[r["config"] for r in rows])
-    ctx.configs = configs
+    ctx = SimpleNamespace(entry=entry, results=results, configs=configs, names=[r["config"] for r in rows])
     for section in entry.sections:
         lines += SECTIONS[section](rows, ctx)
     with open(os.path.join(results, f"{suite}.md"), "w") as f:

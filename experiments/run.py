@@ -1,7 +1,7 @@
 """Reproduce the paper's comparisons on the toy task and on a real model: rates chosen per variant, seeds, p-values.
 
-    python experiments/run.py                      # the toy's suites, in order (345 runs, ~4 h on 2 cores; resumable)
-    python experiments/run.py --suite sweep        # or main, offpolicy, ablations
+    python experiments/run.py                      # the toy's suites, in order (240 runs, ~3 h on 2 cores; resumable)
+    python experiments/run.py --suite sweep        # or main
     python experiments/run.py --report             # only rebuild the toy's tables and plots from finished runs
     python experiments/run.py --quick              # each code path of every toy suite, 2 steps (about 2.5 minutes)
     python experiments/run.py --suite constraints_sweep && python experiments/run.py --suite constraints   # real model
@@ -60,10 +60,9 @@ def main():
         configs, chosen = configurations(results, args.quick)  # again for each suite: the sweep before it chose
         runner.run_suite(results, suite, suites.SUITES[suite], configs[suite], args.jobs, args.only)
     configs, chosen = configurations(results, args.quick)
-    main_rows = report.summarize(runner.load_runs(results, "main"), configs["main"])
     for suite in chosen_suites:
         note = "" if args.quick else suites.SUITES[suite].note(results, chosen)
-        report.report(results, suite, configs[suite], main_rows, args.mix_code, note)
+        report.report(results, suite, configs[suite], args.mix_code, note)
 
 
 if __name__ == "__main__":

@@ -107,78 +107,6 @@ def main(results, chosen):
     return [Config(c, s, f + lr_flags(chosen[c]) + CURVE, SEEDS) for c, s, f in CELLS if c in chosen]
 
 
-def offpolicy(results, chosen):
-    if "grpo online" not in chosen:  # one rate for the whole suite: online GRPO's
-        return []
-    off = ["--online", "--sample_every", "64"] + lr_flags(chosen["grpo online"]) + CURVE
-    K16 = ["--humanline", "--sync_every", "16"]
-    runs = [
-        ("grpo online (sample every step)", ["--online", "--sample_every", "1"] + off[3:], SEEDS),
-        ("grpo off-policy (sample 64x every 64 steps)", off, SEEDS),
-        ("grpo off-policy+humanline k=16", off + K16, SEEDS),
-        # which half of humanline does the work off-policy: the ratio's denominator is then the reference synced
-        # every 16 steps instead of the sampler, which can be 64 steps old
-        ("grpo off-policy+sync only k=16", off + ["--sync", "humanline", "--sync_every", "16"], FEW_SEEDS),
-        ("grpo off-policy+clamp only", off + ["--clip", "clamp"], FEW_SEEDS),
-        # syncing changes two terms: the ratio's denominator and the KL baseline (both the reference). Without
-        # the KL term (beta 0) only the denominator differs between these two rows
-        ("grpo off-policy, beta 0", off + ["--beta", "0"], FEW_SEEDS),
-        ("grpo off-policy+humanline k=16, beta 0", off + K16 + ["--beta", "0"], FEW_SEEDS),
-        # ... with the PPO clip [1 - eps, 1 + eps] opened wide: does the clip around a stale sampler hold it back?
-        ("grpo off-policy, beta 0, eps 100", off + ["--beta", "0", "--eps", "100"], FEW_SEEDS),
-    ]
-    return [Config(name, "grpo_humanline.py", flags, seeds) for name, flags, seeds in runs]
-
-
-def ablations(results, chosen):
-    out = []
-    if "dpo offline+humanline" in chosen:  # one rate for DPO's rows: offline+humanline DPO's
-        dpo = [
-            ("dpo offline", []),
-            ("dpo sync only", ["--sync", "humanline"]),
-            ("dpo clamp only", ["--clip", "clamp"]),
-            ("dpo sync+clamp (humanline)", ["--humanline"]),
-            ("dpo sync+sampling", ["--sync", "humanline", "--clip", "sampling"]),
-            ("dpo trust-region sync+clamp", ["--sync", "trust_region", "--clip", "clamp"]),
-        ]
-        dpo += [(f"dpo humanline k={k}", ["--humanline", "--sync_every", str(k)]) for k in (2, 4, 8, 16)]
-        dpo += [
-            (f"dpo humanline clip [{lo}, {hi}]", ["--humanline", "--log_eps_P", str(lo), "--log_eps_R", str(hi)])
-            for lo, hi in ((-2.0, 1.5), (-1.0, 1.5), (-1.0, 2.0), (-1.0, 3.0))
-        ]  # the paper's Table 6
-        dpo = [(name, ["--offline"] + flags) for name, flags in dpo]
-        # regime probes: with k = 1 a token's log-ratio is one step's change, far inside every Table 6 range, so those
-        # rows cannot differ; ranges this tight make the clamp act on a few percent of tokens
-        tight = [(e, ["--humanline", "--log_eps_P", str(-e), "--log_eps_R", str(e)]) for e in (0.01, 0.003)]
-        dpo += [(f"dpo humanline clip [{-e:g}, {e:g}] (regime probe)", flags) for e, flags in tight]
-        # data probe: on-policy data sampled once from the starting policy (one round over all 4096 training prompts
-        # keeps ~3200 pairs, so 80 steps of 32: compare with the other rows' step-80 evaluation), without and with
-        # humanline. Does the gap to online come from the offline data being another model's, or from its being stale?
-        once = ["--online", "--round_size", "4096", "--max_steps", "80"]
-        dpo += [
-            (f"dpo {name}on-policy data sampled once, 80 steps (data probe)", once + f)
-            for name, f in (("", []), ("humanline, ", ["--humanline"]))
-        ]
-        lr = lr_flags(chosen["dpo offline+humanline"]) + CURVE
-        out = [Config(name, "dpo_humanline.py", flags + lr, FEW_SEEDS) for name, flags in dpo]
-    for a in [a for a in ("kto", "grpo") if f"{a} offline+humanline" in chosen]:
-        for e in (0.01, 0.003):
-            flags = ["--offline", "--humanline", "--log_eps_P", str(-e), "--log_eps_R", str(e)]
-            flags += lr_flags(chosen[f"{a} offline+humanline"]) + CURVE
-            out.append(
-                Config(f"{a} humanline clip [{-e:g}, {e:g}] (regime probe)", f"{a}_humanline.py", flags, FEW_SEEDS)
-            )
-    if "grpo offline+humanline" in chosen:  # what holds plain offline GRPO back, at offline + humanline GRPO's rate:
-        # the KL term to the starting policy, or the PPO clip around it (which the synced reference resets every step)?
-        lr = lr_flags(chosen["grpo offline+humanline"]) + CURVE
-        probes = (("", []), (", beta 0", ["--beta", "0"]), (", beta 0, eps 100", ["--beta", "0", "--eps", "100"]))
-        out += [
-            Config(f"grpo offline{name} (clip probe)", "grpo_humanline.py", ["--offline"] + f + lr, FEW_SEEDS)
-            for name, f in probes
-        ]
-    return out
-
-
 # ---- the real model's suites -----------------------------------------------------------------------------------------
 def arm_lr(arm):  # the paper's rate for an arm's objective and mode
     return PAPER_LR[f"{arm[0]} {arm[1].split('+')[0]}"]
@@ -296,7 +224,6 @@ class Suite:
     sections: tuple = ("long", "tests", "time")  # the report's tables, in order (report.SECTIONS)
     pairs: Callable = lambda names: []  # the comparisons it tests: (a, b) asks how a differs from b
     plot: str = "bars"  # "curves" (reward against the step), "bars" (final reward) or "sweep" (against the rate)
-    group: Callable = lambda name: name.split()[0]  # curves: the row of panels a configuration is drawn in
     note: Callable = lambda results, chosen: ""  # text under the title
     held_out: str = "the toy test problems"
     margin: float = 0.01  # TOST's equivalence margin of the reward, fixed before the runs
@@ -330,19 +257,6 @@ def main_pairs(names):
     ]
 
 
-OFFPOLICY_PAIRS = [
-    ("grpo off-policy+humanline k=16", "grpo online (sample every step)"),
-    ("grpo off-policy+humanline k=16", "grpo off-policy (sample 64x every 64 steps)"),
-    ("grpo off-policy+sync only k=16", "grpo off-policy+humanline k=16"),
-    ("grpo off-policy+clamp only", "grpo off-policy+humanline k=16"),
-    ("grpo off-policy+humanline k=16, beta 0", "grpo off-policy, beta 0"),
-    ("grpo off-policy, beta 0, eps 100", "grpo off-policy, beta 0"),
-]
-BOTH = "dpo sync+clamp (humanline)"
-ABLATION_PAIRS = [("dpo sync only", BOTH), ("dpo clamp only", BOTH), (BOTH, "dpo offline"), ("dpo sync+sampling", BOTH)]
-ABLATION_PAIRS += [("dpo trust-region sync+clamp", BOTH)]
-ABLATION_PAIRS += [("grpo offline, beta 0 (clip probe)", "grpo offline (clip probe)")]
-ABLATION_PAIRS += [("grpo offline, beta 0, eps 100 (clip probe)", "grpo offline, beta 0 (clip probe)")]
 REAL_PAIRS = [(f"{a} offline+humanline", f"{a} {b}") for a in ("dpo", "kto", "grpo") for b in ("offline", "online")]
 
 
@@ -357,19 +271,6 @@ SUITES = {
         sections=("long", "tests", "time", "settings"),
         pairs=main_pairs,
         plot="curves",
-        note=chosen_rates(CELLS),
-    ),
-    "offpolicy": Suite(
-        runs=offpolicy,
-        pairs=lambda n: OFFPOLICY_PAIRS,
-        plot="curves",
-        group=lambda n: "off-policy GRPO",
-        note=chosen_rates(CELLS),
-    ),
-    "ablations": Suite(
-        runs=ablations,
-        sections=("long", "tests", "time", "step 80"),
-        pairs=lambda n: ABLATION_PAIRS,
         note=chosen_rates(CELLS),
     ),
 }

@@ -498,7 +498,7 @@ def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_pat
     names = {"setup.md"} | {f"{s}{x}" for s in suites.SUITES for x in (".md", ".jsonl")}
     tables = [f for f in files if os.path.basename(f) in names]
     real = [s for s, e in suites.SUITES.items() if e.task and f"experiments/results/{s}.tar.gz" in files]
-    assert len(tables) == 9 + 2 * len(real)  # the toy's 4 suites and setup.md, and each real-model suite run
+    assert len(tables) == 5 + 2 * len(real)  # the toy's 2 suites and setup.md, and each real-model suite run
     for f in set(files) - set(tables):  # the tables are left out: the report has to write them
         dest = tmp_path / os.path.relpath(f, "experiments/results")
         dest.parent.mkdir(parents=True, exist_ok=True)
