@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -406,6 +407,45 @@ def task_talk(rows, ctx):
     return lines + ["", *table(columns, shown)]
 
 
+def hacks(rows, ctx):
+    """Constraints: of each row's successes (its seeds' pooled), the shares that talk about the task, say the asked
+    word twice, double a word ("soft and soft"), and hold the row's commonest four words (a template: smollm2's)."""
+    split, smollm2 = test_rows(ctx.entry.task), suites.smollm2
+    lines = ["", "Of each row's successes (all seeds), the shares that talk about the task, say the asked word twice,"]
+    lines += [
+        'double a word ("soft and soft") and hold its commonest four words ("_": the topic or the asked word):',
+        "",
+    ]
+    shown = []
+    for r in rows:
+        asked = [split[json.dumps(a["prompt"])] for run in r["answers"] for a in run if a["reward"] == 1.0]
+        texts = [a["completion"] for run in r["answers"] for a in run if a["reward"] == 1.0]
+        wins = [(text, row["topic"], smollm2.asked_word(row["constraint"])) for text, row in zip(texts, asked)]
+        grams = [smollm2.four_grams(*win) for win in wins]
+        counts = Counter(g for found in grams for g in found)  # the commonest, the first in order among equals
+        common = sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:1] or [("–", 0)]
+        share = lambda says: f"{np.mean([says(*win) for win in wins]):.3f}" if wins else "–"  # noqa: E731
+        cells = [share(lambda t, *_: smollm2.talks_about_the_task(t))]
+        cells += [share(lambda t, _, w: w is not None and smollm2.words(t).count(w) >= 2)]
+        cells += [share(lambda t, *_: smollm2.DOUBLED.search(t) is not None)]
+        cells += [f"{common[0][1] / max(len(wins), 1):.3f} ({common[0][0]})"]
+        shown.append([r["config"], r["seeds"], len(wins), *cells])
+    columns = "configuration | seeds | successes | talk about the task | asked word twice | a word doubled"
+    return lines + table(columns + " | commonest four words", shown)
+
+
+def successes(rows, ctx):
+    """Every success of every run with its prompt's constraint and topic: what the hacks section counts, to be read."""
+    split, lines = test_rows(ctx.entry.task), ["", "Every success of every run: its constraint, its topic, the answer:"]
+    for r in rows:
+        for seed, answered in zip(r["args"], r["answers"]):
+            lines += ["", f"**{r['config']}, seed {seed['seed']}**", ""]
+            for a in [a for a in answered if a["reward"] == 1.0]:
+                row, said = split[json.dumps(a["prompt"])], a["completion"].strip().replace("\n", " ")
+                lines.append(f"- {row['constraint']} / {row['topic']}: {said!r}")
+    return lines
+
+
 def signal(rows, ctx):
     """GRPO's groups: the share of training steps without signal from the rewards (every group of the step scored
     alike: grpo/no_signal 1.0), the share of sequences with advantage 0, and the share of tokens the clamp acts on."""
@@ -511,6 +551,8 @@ SECTIONS = {
     "answers": answers,
     "task talk": task_talk,
     "signal": signal,
+    "hacks": hacks,
+    "successes": successes,
     "phrasing": phrasing,
     "horizon": horizon,
 }

@@ -114,12 +114,15 @@ def words(text):
     return [w.lower().replace("’", "'") for w in WORD.findall(text)]
 
 
-def names(text, topic):
-    """Whether the text names the topic's noun as a word, singular or plural ("a city": city, cities)."""
+def noun_forms(topic):  # "a city": city, citys, cityes, cities (a form no answer writes does no harm)
     noun = topic.split()[-1]
     stem = noun[:-1] if noun.endswith("s") else noun
-    forms = {stem, stem + "s", stem + "es"} | ({stem[:-1] + "ies"} if stem.endswith("y") else set())
-    return bool(forms & {w.removesuffix("'s") for w in words(text)})  # "the river's banks" names it too
+    return {stem, stem + "s", stem + "es"} | ({stem[:-1] + "ies"} if stem.endswith("y") else set())
+
+
+def names(text, topic):
+    """Whether the text names the topic's noun as a word, singular or plural ("a city": city, cities)."""
+    return bool(noun_forms(topic) & {w.removesuffix("'s") for w in words(text)})  # "the river's banks" names it too
 
 
 def one_sentence(text, asked=None):
@@ -146,6 +149,23 @@ def talks_about_the_task(text):
     return TALK.search(text) is not None
 
 
+# ways to score without doing the task well, hunted in every success (the report's "hacks" section): the asked word
+# twice ("The dog is cold due to the cold weather."), a word doubled ("A dog is soft and soft."), and a template: the
+# same run of four words, the topic's and the asked word's put aside, in many answers ("_ _ is a type of _ that is _")
+DOUBLED = re.compile(r"\b([a-z]+)\b,?\s+(?:and|or|but)\s+(?:so\s+|very\s+)?\1\b", re.IGNORECASE)
+
+
+def skeleton(text, topic, asked):
+    """The answer's words, the topic's words and the asked word each read as "_"."""
+    aside = set(words(topic)) | noun_forms(topic) | {asked}
+    return ["_" if w.removesuffix("'s") in aside else w for w in words(text)]
+
+
+def four_grams(text, topic, asked):
+    ws = skeleton(text, topic, asked)
+    return {" ".join(ws[i : i + 4]) for i in range(len(ws) - 3)}
+
+
 def reward(prompts, completions, constraint, topic, finished=None, **_):
     """1.0 where the completion finished, keeps its constraint ("end:cold", "max_words:15", "no_comma:"), names its
     topic, reads as one sentence (one_sentence) and does not talk about the task (talks_about_the_task), else 0.0.
@@ -154,12 +174,17 @@ def reward(prompts, completions, constraint, topic, finished=None, **_):
     for j, (completion, spec, about) in enumerate(zip(completions, constraint, topic)):
         text = completion if isinstance(completion, str) else completion[-1]["content"]  # text or a chat turn
         name, _, value = spec.partition(":")
-        asked = value if name in ("include", "start", "end") else None
+        asked = asked_word(spec)
         done = finished is None or finished[j]
         ok = done and CONSTRAINTS[name][1](words(text), text, value) and names(text, about)
         ok = ok and one_sentence(text, asked) and not talks_about_the_task(text)
         scores.append(float(ok))
     return scores
+
+
+def asked_word(constraint):  # "end:cold" -> "cold"; None for a constraint that asks for no word
+    name, _, value = constraint.partition(":")
+    return value if name in ("include", "start", "end") else None
 
 
 def constraint_prompts():

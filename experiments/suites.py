@@ -359,3 +359,21 @@ SUITES["horizon"] = Suite(
     task="addition",
     note=lambda results, chosen: THIRD_PLAN,
 )
+
+# ---- instruction following again: the constraints task under the current reward, on its rebuilt pairs -------------
+# the pilot, before any plan: online DPO and GRPO (the policies that found the last way to score without doing the
+# task), one seed each at the first study's rates; every success is read for a new one (the report's hacks, successes)
+PILOT_NOTE = (
+    "A pilot, not a comparison: online DPO and GRPO at the rates the first study chose, one seed, scored by the "
+    "current reward; every success is listed below to be read for ways to score without doing the task."
+)
+SUITES["constraints_pilot"] = Suite(
+    runs=real("constraints", {name: REAL_ARMS[name][:4] + ((0,),) for name in ("dpo online", "grpo online")}),
+    sections=("long", "real", "hacks", "answers", "successes"),
+    held_out="the constraints task's 256 test prompts (success rate)",
+    start=lambda: smollm2.starting("constraints", "test"),
+    margin=0.05,
+    model="SmolLM2-135M-Instruct",
+    task="constraints",
+    note=lambda results, chosen: PILOT_NOTE,
+)

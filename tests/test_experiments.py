@@ -715,6 +715,31 @@ def test_the_task_talk_section_rescores_the_runs_answers_with_the_current_reward
     assert "task talk" in ctx.entry.sections and "task talk" not in suites.SUITES["addition"].sections
 
 
+def test_the_hacks_section_counts_each_way_to_score_in_the_successes_and_lists_every_success():
+    """Constraints: of a row's successes over its seeds (answers online policies wrote), the shares that talk about the
+    task, say the asked word twice, double a word, and hold the commonest four words with the topic and asked word put
+    aside; a failed answer is not counted; every success is listed with its constraint and topic."""
+    test = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data("constraints", "test")))]
+    ask = {(r["constraint"], r["topic"]): r["prompt"] for r in test}
+    said = [
+        ("start:blue", "trains", "Blue trains are a type of train that is blue.", 1.0),
+        ("start:old", "mountains", "Old mountains are a type of mountains that are older than the ones you know.", 1.0),
+        ("end:soft", "a dog", "A dog is soft and soft.", 1.0),
+        ("include:cold", "a dog", "The dog is cold due to the cold weather.", 1.0),
+        ("include:cold", "a dog", "This sentence is about a dog and is cold.", 0.0),  # failed: not counted
+    ]
+    assert all(key in ask for key, *_ in [((c, t),) for c, t, *_ in said])
+    answers = [dict(prompt=ask[c, t], completion=text, reward=r, finished=True) for c, t, text, r in said]
+    rows = [dict(config="dpo online", seeds=2, args=[{"seed": 0}, {"seed": 1}], answers=[answers[:2], answers[2:]])]
+    ctx = types.SimpleNamespace(entry=suites.SUITES["constraints_pilot"])
+    lines = report.hacks(rows, ctx)
+    # 4 successes: none talks, three say the word twice (not "Old ... older"), one doubles it, two share "_ _ are a"
+    assert "| dpo online | 2 | 4 | 0.000 | 0.750 | 0.250 | 0.500 (_ _ are a) |" in lines
+    listed = report.successes(rows, ctx)
+    assert "- end:soft / a dog: 'A dog is soft and soft.'" in listed and len([x for x in listed if x[:2] == "- "]) == 4
+    assert {"hacks", "successes"} <= set(ctx.entry.sections)
+
+
 def test_the_signal_section_counts_steps_whose_every_group_tied_and_the_clamps_largest_step():
     """Per seed: the share of logged steps with grpo/no_signal 1.0 and the mean share of sequences; the clamp's mean
     (the row's) and its largest step over every seed."""
