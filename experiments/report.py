@@ -358,8 +358,10 @@ def real_table(rows, ctx):
 
 
 def test_rows(task):
-    """The task's test split: each prompt's row (its constraint and topic, or answer), by the prompt."""
-    test = open(os.path.join(runner.ROOT, suites.smollm2.data(task, "test"))).read().splitlines()
+    """The task's test prompts (the constraints' held-out ones too): each prompt's row (its constraint and topic, or
+    answer), by the prompt."""
+    split = "test_heldout" if task == "constraints" else "test"  # the constraints' 256 test prompts, then 128 more
+    test = open(os.path.join(runner.ROOT, suites.smollm2.data(task, split))).read().splitlines()
     return {json.dumps(row["prompt"]): row for row in map(json.loads, test)}
 
 
@@ -464,20 +466,36 @@ def signal(rows, ctx):
 
 
 def phrasing(rows, ctx):
-    """Addition, by phrasing: each row's success on the training phrasings and on the held-out one, its share of
-    finished equations, the shares of tokens the clamp cut (or would have) and the ratio clip bound; then each
-    comparison on each phrasing apart (paired, Holm over the comparisons within the phrasing)."""
-    held_out = lambda a: a["prompt"][-1]["content"].startswith(suites.smollm2.HELD_OUT.split("{")[0])  # noqa: E731
-    parts = {"training phrasings": lambda a: not held_out(a), "held-out phrasing": held_out}
+    """By kind of prompt: each row's success on prompts like the training ones and on the held-out ones (addition: the
+    fourth phrasing, with each row's share of finished equations; constraints: topics and words no training prompt
+    uses), the shares of tokens the clamp cut (or would have) and the ratio clip bound; then each comparison on each
+    kind apart (paired, Holm over the comparisons within the kind)."""
+    task, split, addition = ctx.entry.task, test_rows(ctx.entry.task), ctx.entry.task == "addition"
+    # an answer not in the split (a test's) holds its prompt, all that addition's kind reads
+    held_out = lambda a: suites.smollm2.held_out(task, split.get(json.dumps(a["prompt"]), a))  # noqa: E731
+    names = ["training phrasings", "held-out phrasing"] if addition else ["training topics", "held-out topics"]
+    parts = {names[0]: lambda a: not held_out(a), names[1]: held_out}
     parts = {p: keep for p, keep in parts.items() if any(keep(a) for r in rows for run in r["answers"] for a in run)}
     part_rows = {}
-    for part, keep in parts.items():  # each row with only its answers on that phrasing, its success theirs
+    for part, keep in parts.items():  # each row with only its answers of that kind, its success theirs
         kept = [[[a for a in run if keep(a)] for run in r["answers"]] for r in rows]
         rewards = [[np.mean([a["reward"] for a in run]) for run in k] for k in kept]
         part_rows[part] = [dict(r, answers=k, rewards=x) for r, k, x in zip(rows, kept, rewards)]
     equation = lambda a: a["finished"] and EQUATION.search(a["completion"]) is not None  # noqa: E731
-    lines = ["", 'By phrasing: success and the share of answers that are finished equations ("a + b = c", not cut) on']
-    lines += ["the three training phrasings" + " and on the held-out one" * (len(parts) > 1) + ", and the shares of"]
+    if addition:
+        lines = [
+            "",
+            'By phrasing: success and the share of answers that are finished equations ("a + b = c", not cut) on',
+        ]
+        lines += [
+            "the three training phrasings" + " and on the held-out one" * (len(parts) > 1) + ", and the shares of"
+        ]
+    else:
+        lines = [
+            "",
+            "By topic: success on the training topics and words" + " and on the held-out ones" * (len(parts) > 1),
+        ]
+        lines += ["(topics and words no training prompt uses), and the shares of"]
     lines += [
         "tokens outside [-1.5, 1.5] and bound by the ratio clip, averaged over training (mean ± standard error over"
     ]
@@ -488,18 +506,21 @@ def phrasing(rows, ctx):
         equations = [
             fmt(mean_se([np.mean([equation(a) for a in run]) for run in p[i]["answers"]])) for p in part_rows.values()
         ]
-        shown.append([r["config"], r["seeds"], *success, *equations, fmt(r["clamped_frac"], 4), fmt(r["clip_frac"], 4)])
-    names = ["training phrasings", "held-out"][: len(parts)]  # the validation prompts hold no held-out phrasing
-    columns = f"configuration | seeds | success: {' | '.join(names)} | finished equations: "
-    lines += table(columns + " | ".join(n.split()[0] for n in names) + " | clamped | clipped", shown)
+        clamp_clip = [fmt(r["clamped_frac"], 4), fmt(r["clip_frac"], 4)]
+        shown.append([r["config"], r["seeds"], *success, *equations * addition, *clamp_clip])
+    short = [names[0], "held-out"][: len(parts)]  # the validation prompts hold no held-out phrasing
+    columns = f"configuration | seeds | success: {' | '.join(short)} | "
+    columns += f"finished equations: {' | '.join(n.split()[0] for n in short)} | " * addition
+    lines += table(columns + "clamped | clipped", shown)
     if len(parts) < 2:
         return lines
     tests = {
         part: paired(p, ctx.entry.pairs(ctx.names), ctx.entry.margin, resamples=0) for part, p in part_rows.items()
     }
-    if not tests["held-out phrasing"]:
+    if not tests[names[1]]:
         return lines
-    lines += ["", "Each comparison on each phrasing apart (paired by seed, Holm within the phrasing; the pooled"]
+    kind = "phrasing" if addition else "kind of topic"
+    lines += ["", f"Each comparison on each {kind} apart (paired by seed, Holm within the {kind}; the pooled"]
     lines += ["verdict above decides):", ""]
     cell = lambda t: f"{t['diff']:+.3f} ({t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}), p {t['p_holm']:.3g}"  # noqa: E731
     found = zip(*tests.values())

@@ -97,6 +97,10 @@ TOPICS = (
 )  # fmt: skip
 WORDS = ("blue", "quiet", "light", "green", "warm", "small", "bright", "old", "soft", "happy", "cold", "fast", "sweet")
 WORDS += ("calm", "wild")
+# the held-out prompts: topics and asked words no other split uses, written before the study that reads them
+HELD_OUT_TOPICS = ("a lighthouse", "autumn", "a violin", "the harbor", "a bakery", "clouds", "a farm", "the island")
+HELD_OUT_TOPICS += ("a museum", "the highway")
+HELD_OUT_WORDS = ("dark", "gentle", "loud", "tall", "fresh")
 ASKS = ("Write a sentence about {}.", "Describe {} in one sentence.", "Tell me about {} in one sentence.")
 CONSTRAINTS = {  # name: (the instruction, given its argument; the check of an answer's words and text)
     "include": (lambda w: f"Include the word '{w}'.", lambda ws, text, w: w in ws),
@@ -187,12 +191,13 @@ def asked_word(constraint):  # "end:cold" -> "cold"; None for a constraint that 
     return value if name in ("include", "start", "end") else None
 
 
-def constraint_prompts():
-    """Every (prompt text, constraint, topic) of the task, in a fixed order: 30 topics x 3 asks x 49 constraints."""
-    specs = [f"{n}:{w}" for n in ("include", "start", "end") for w in WORDS]
+def constraint_prompts(topics=TOPICS, asked=WORDS):
+    """Every (prompt text, constraint, topic) of the task, in a fixed order: 30 topics x 3 asks x 49 constraints (the
+    held-out topics and words: 10 x 3 x 19)."""
+    specs = [f"{n}:{w}" for n in ("include", "start", "end") for w in asked]
     specs += [f"max_words:{n}" for n in (10, 15, 20)] + ["no_comma:"]
     out = []
-    for topic in TOPICS:
+    for topic in topics:
         for ask in ASKS:
             for spec in specs:
                 name, _, value = spec.partition(":")
@@ -231,7 +236,8 @@ def addition_prompts(split, problems):
 
 # ---- the prompt files, the model ------------------------------------------------------------------------------------
 def make_prompts(seed=0, out=os.path.join(ROOT, "experiments", "smollm2")):
-    """Both tasks' {test,valid,train}.jsonl, disjoint draws shuffled by `seed` (addition: disjoint in {a, b})."""
+    """Both tasks' {test,valid,train}.jsonl, disjoint draws shuffled by `seed` (addition: disjoint in {a, b}); and the
+    constraints' test_heldout.jsonl: its 256 test prompts, then 128 drawn from the held-out topics and words."""
     rows = constraint_prompts()
     random.Random(seed).shuffle(rows)
     pairs = sorted({(min(a, b), max(a, b)) for a in range(10, 100) for b in range(10, 100)})
@@ -251,6 +257,10 @@ def make_prompts(seed=0, out=os.path.join(ROOT, "experiments", "smollm2")):
                     f.write(json.dumps({"prompt": [{"role": "user", "content": text}], **columns}) + "\n")
         start += n
         print(f"{split}: {n} prompts of each task")
+    held_out = random.Random(seed).sample(constraint_prompts(HELD_OUT_TOPICS, HELD_OUT_WORDS), 128)
+    with open(os.path.join(out, "constraints", "test_heldout.jsonl"), "w") as f:
+        f.write(open(os.path.join(out, "constraints", "test.jsonl")).read())
+        f.writelines(json.dumps({"prompt": [{"role": "user", "content": t}], **c}) + "\n" for t, c in held_out)
 
 
 def sha256(path):
@@ -337,6 +347,12 @@ def kind(task, row):  # what a prompt asks: its constraint's name, or its phrasi
         return row["constraint"].partition(":")[0]
     text = row["prompt"][-1]["content"]
     return next(str(i) for i, p in enumerate(PHRASINGS + (HELD_OUT,)) if text.startswith(p.split("{")[0]))
+
+
+def held_out(task, row):  # a test prompt unlike every training prompt: addition's fourth phrasing, a held-out topic
+    if task == "addition":
+        return row["prompt"][-1]["content"].startswith(HELD_OUT.split("{")[0])
+    return row["topic"] in HELD_OUT_TOPICS
 
 
 def by_kind(task, rows, scores):

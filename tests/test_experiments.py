@@ -818,6 +818,32 @@ def test_the_phrasing_section_splits_success_by_phrasing_by_hand(tmp_path):
     assert "| +0.333 (" in line and line.endswith("| -1.000 (-1.000, -1.000), p 0 |")
 
 
+def test_the_constraints_by_topic_section_splits_success_into_training_and_held_out_topics():
+    """The constraints' test prompts, then its held-out ones (topics and words no training prompt uses): each row's
+    success on each kind, by hand, and each comparison on each kind, paired by seed."""
+    rows_of = [
+        json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data("constraints", "test_heldout")))
+    ]
+    seen, held = rows_of[0]["prompt"], rows_of[256]["prompt"]
+    assert not suites.smollm2.held_out("constraints", rows_of[0]) and suites.smollm2.held_out(
+        "constraints", rows_of[256]
+    )
+
+    def row(name, rewards):  # per seed: (reward on the seen prompt, reward on the held-out one)
+        answers = [
+            [dict(prompt=p, reward=x, finished=True, completion="") for p, x in zip((seen, held), r)] for r in rewards
+        ]
+        done = dict(config=name, seeds=len(rewards), args=[{"seed": s} for s in range(len(rewards))], answers=answers)
+        return done | dict(rewards=[sum(r) / 2 for r in rewards], clamped_frac=(0.0, 0.0), clip_frac=(0.0, 0.0))
+
+    rows = [row("a", [(1, 1), (1, 0)]), row("b", [(0, 0), (1, 0)])]
+    entry = types.SimpleNamespace(task="constraints", pairs=lambda names: [("a", "b")], margin=0.05)
+    table = "\n".join(report.phrasing(rows, types.SimpleNamespace(entry=entry, names=["a", "b"])))
+    assert "| configuration | seeds | success: training topics | held-out | clamped | clipped |" in table
+    assert "| a | 2 | 1.000 ± 0.000 | 0.500 ± 0.500 |" in table and "| b | 2 | 0.500 ± 0.500 | 0.000 ± 0.000 |" in table
+    assert "| a vs b | +0.500 (-5.853, +6.853), p 0.5 | +0.500 (-5.853, +6.853), p 0.5 |" in table  # 1, 0 and 1, 0
+
+
 def test_the_horizon_keeps_each_evaluations_answers_and_their_drift_and_draws_them_as_a_table(tmp_path, monkeypatch):
     """A horizon run (--keep_every_eval): the runner measures the quality of each evaluation's answers as of the last,
     keeps them (and drops the weights), and the horizon section gives success and perplexity at each evaluation and

@@ -175,6 +175,20 @@ def test_the_committed_splits_are_the_seeded_draws_disjoint_and_of_their_sizes(t
         if task == "addition":
             assert phrasings["test"] - phrasings["train"] - phrasings["valid"] == {"3"}  # the held-out phrasing
     assert len(smollm2.constraint_prompts()) == len({t for t, _ in smollm2.constraint_prompts()}) == 30 * 3 * 49
+    committed = (tmp_path / "constraints" / "test_heldout.jsonl").read_text()
+    assert committed == open(os.path.join(ROOT, smollm2.data("constraints", "test_heldout"))).read()
+    rows = [json.loads(line) for line in committed.splitlines()]
+    assert committed.startswith(open(os.path.join(ROOT, smollm2.data("constraints", "test"))).read())
+    held_out, elsewhere = (
+        rows[256:],
+        [json.loads(line) for s in smollm2.SPLITS for line in (tmp_path / "constraints" / f"{s}.jsonl").open()],
+    )
+    assert len(held_out) == 128 and all(smollm2.held_out("constraints", r) for r in held_out)
+    asked = lambda r: smollm2.asked_word(r["constraint"])  # noqa: E731
+    assert {asked(r) for r in held_out} - {None} == set(smollm2.HELD_OUT_WORDS)
+    assert not any(smollm2.held_out("constraints", r) or asked(r) in smollm2.HELD_OUT_WORDS for r in elsewhere)
+    text = " ".join(r["prompt"][0]["content"].lower() for r in elsewhere)  # no other prompt names them at all
+    assert not any(w in text for w in smollm2.HELD_OUT_WORDS + smollm2.HELD_OUT_TOPICS)
 
 
 @pytest.mark.parametrize("task", sorted(smollm2.TASKS))
