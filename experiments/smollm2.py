@@ -335,7 +335,8 @@ def greedy(model, task, splits):
     args, rt, tokenizer, policy = loaded(model, task)
     scorers = [("reward", 1.0, plumbing.make_scorer(args.reward_model, args, rt))]
     for split in splits:
-        args.eval_prompts, args.num_eval_prompts = os.path.join(ROOT, data(task, split)), SPLITS[split]
+        args.eval_prompts = os.path.join(ROOT, data(task, split))
+        args.num_eval_prompts = sum(1 for _ in open(args.eval_prompts))
         rows = data_formats.load_data(args, "eval", tokenizer, rt)
         groups, _ = plumbing.sample_and_score(policy, tokenizer, scorers, rows, 1, args, 0, rt, prefix="eval")
         texts = [tokenizer.decode(g.completions[0], skip_special_tokens=True) for g in groups]
@@ -363,9 +364,10 @@ def by_kind(task, rows, scores):
 
 
 def baseline(task, model=MODEL_DIR):
-    """The starting model's greedy success and cut share on a task's validation and test prompts: baseline.json."""
-    found = {}
-    for split, rows, texts, scores, finished in greedy(model, task, ("valid", "test")):
+    """The starting model's greedy success and cut share on a task's validation and test prompts (the constraints'
+    test_heldout too): baseline.json."""
+    found, splits = {}, ("valid", "test") + ("test_heldout",) * (task == "constraints")
+    for split, rows, texts, scores, finished in greedy(model, task, splits):
         success, cut = round(sum(scores) / len(scores), 4), round(1 - sum(finished) / len(finished), 4)
         found[split] = {"success": success, "cut": cut, "prompts": len(rows), "by_kind": by_kind(task, rows, scores)}
         print(f"{task} {split}: success {success:.3f}, cut {cut:.3f}, by kind {found[split]['by_kind']}")

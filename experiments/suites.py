@@ -142,10 +142,10 @@ def real_sweep(task, arms, seeds, prefix="", grow=None):
     return runs
 
 
-def real(task, arms, prefix="", earlier=()):
+def real(task, arms, prefix="", earlier=(), test=("test", 256)):
     def runs(results, chosen):  # each arm at its rate chosen on the validation prompts (`earlier`: by the second study)
         return [
-            Config(name, f"{arm[0]}_humanline.py", arm_flags(task, arm) + lr_flags(chosen[key]), arm[4])
+            Config(name, f"{arm[0]}_humanline.py", arm_flags(task, arm, *test) + lr_flags(chosen[key]), arm[4])
             for name, arm in arms.items()
             for key in [f"{task} {STUDY if name in earlier else prefix}{name}"]
             if key in chosen
@@ -276,7 +276,20 @@ SUITES = {
 }
 
 
-def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, more=(), note="", welch=False, **copy):
+def real_suites(
+    task,
+    name,
+    arms,
+    pairs,
+    sweep_seeds,
+    prefix="",
+    grow=False,
+    more=(),
+    note="",
+    welch=False,
+    test=("test", 256),
+    **copy,
+):
     """A real-model study's two suites: `<name>_sweep` chooses each arm's rate on the task's validation prompts (its
     grid grown past an edge that wins where `grow`), `<name>` compares the arms at those rates on the test prompts,
     paired by seed (the first study's tables keep their Welch tests beside: `welch`), with the report's `more`
@@ -295,11 +308,11 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
             **real_model,
         )
     SUITES[name] = Suite(
-        runs=real(task, arms, prefix, copy.get("earlier", ())),
+        runs=real(task, arms, prefix, copy.get("earlier", ()), test),
         copies=copy.get("copies"),
         sections=("long", *["tests"] * welch, "paired", "real", "time", *more, "answers"),
         pairs=lambda names: pairs,
-        held_out=f"the {task} task's 256 test prompts (success rate)",
+        held_out=f"the {task} task's {test[1]} test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
         start=lambda: smollm2.starting(task, "test"),
         **real_model,
