@@ -390,3 +390,17 @@ SUITES["constraints_pilot"] = Suite(
     task="constraints",
     note=lambda results, chosen: PILOT_NOTE,
 )
+
+# ---- the instruction study (docs/results.md: its plan): the constraints task again, under the current reward ------
+INSTRUCTION = "instruction study: "  # its rates' keys: "constraints instruction study: <arm>"
+EIGHT = tuple(range(8))  # DPO's and GRPO's offline + humanline and online arms: the power analysis's, within budget
+INSTRUCTION_ARMS = {
+    f"{a} {m}": (a, m, [], REAL_MULTIPLES, EIGHT if a != "kto" and m != "offline" else FIVE)
+    for a in ("dpo", "kto", "grpo")
+    for m in REAL_MODES
+}
+INSTRUCTION_ARMS["grpo offline, no anchor"] = ("grpo", "offline", NO_ANCHOR, REAL_MULTIPLES, FIVE)
+INSTRUCTION_PAIRS = REAL_PAIRS + [("grpo offline+humanline", "grpo offline, no anchor")]
+INSTRUCTION_PLAN = 'The plan of these runs: docs/results.md, "The instruction study" (to be committed before them).'
+INSTRUCTIONS = ("instructions", INSTRUCTION_ARMS, INSTRUCTION_PAIRS, STUDY_SWEEP_SEEDS, INSTRUCTION, True)
+real_suites("constraints", *INSTRUCTIONS, ["hacks", "phrasing"], INSTRUCTION_PLAN, test=("test_heldout", 384))

@@ -715,6 +715,25 @@ def test_the_task_talk_section_rescores_the_runs_answers_with_the_current_reward
     assert "task talk" in ctx.entry.sections and "task talk" not in suites.SUITES["addition"].sections
 
 
+def test_the_instruction_study_sweeps_ten_arms_and_scores_them_on_the_test_and_held_out_prompts():
+    """Its sweep: each arm at 1x, 4x and 16x the paper's rate, 2 seeds, on the 128 validation prompts; its comparison:
+    the 384 test and held-out prompts, 8 seeds for DPO's and GRPO's offline + humanline and online arms, 5 for the
+    rest, seven paired comparisons with the hacks and by-topic sections."""
+    sweep = suites.SUITES["instructions_sweep"].runs("no-results", {})
+    assert len(sweep) == 30 and all(c.seeds == (100, 101) for c in sweep)
+    assert all(c.flags[c.flags.index("--eval_prompts") + 1].endswith("constraints/valid.jsonl") for c in sweep)
+    chosen = {f"constraints {suites.INSTRUCTION}{arm}": 1e-5 for arm in suites.INSTRUCTION_ARMS}
+    configs = {c.name: c for c in suites.SUITES["instructions"].runs("no-results", chosen)}
+    assert len(configs) == 10 and sum(len(c.seeds) for c in configs.values()) == 62
+    assert all(c.flags[c.flags.index("--num_eval_prompts") + 1] == "384" for c in configs.values())
+    assert [n for n, c in configs.items() if len(c.seeds) == 8] == [
+        f"{a} {m}" for a in ("dpo", "grpo") for m in ("offline+humanline", "online")
+    ]
+    assert configs["grpo offline, no anchor"].flags[-4:-2] == ["--eps", "1e9"]
+    entry = suites.SUITES["instructions"]
+    assert len(entry.pairs([])) == 7 and {"hacks", "phrasing", "paired"} <= set(entry.sections)
+
+
 def test_the_hacks_section_counts_each_way_to_score_in_the_successes_and_lists_every_success():
     """Constraints: of a row's successes over its seeds (answers online policies wrote), the shares that talk about the
     task, say the asked word twice, double a word, and hold the commonest four words with the topic and asked word put
