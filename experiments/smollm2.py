@@ -365,7 +365,7 @@ def by_kind(task, rows, scores):
 
 def baseline(task, model=MODEL_DIR):
     """The starting model's greedy success and cut share on a task's validation and test prompts (the constraints'
-    test_heldout too): baseline.json."""
+    test_heldout too), under the current reward: baseline.json."""
     found, splits = {}, ("valid", "test") + ("test_heldout",) * (task == "constraints")
     for split, rows, texts, scores, finished in greedy(model, task, splits):
         success, cut = round(sum(scores) / len(scores), 4), round(1 - sum(finished) / len(finished), 4)
@@ -375,9 +375,10 @@ def baseline(task, model=MODEL_DIR):
         json.dump(found | {"max_new_tokens": TASKS[task][1], "decoding": "greedy"}, f, indent=2)
 
 
-def starting(task, split):
-    """The starting model's greedy success on a task's split (its baseline.json)."""
-    with open(os.path.join(ROOT, "experiments", "smollm2", task, "baseline.json")) as f:
+def starting(task, split, file="baseline.json"):
+    """The starting model's greedy success on a task's split (its baseline.json; the constraints' first study read
+    baseline-earlier-reward.json, measured before the reward failed answers that talk about the task)."""
+    with open(os.path.join(ROOT, "experiments", "smollm2", task, file)) as f:
         return json.load(f)[split]["success"]
 
 

@@ -276,45 +276,34 @@ SUITES = {
 }
 
 
-def real_suites(
-    task,
-    name,
-    arms,
-    pairs,
-    sweep_seeds,
-    prefix="",
-    grow=False,
-    more=(),
-    note="",
-    welch=False,
-    test=("test", 256),
-    **copy,
-):
+def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, more=(), note="", welch=False, **more_of):
     """A real-model study's two suites: `<name>_sweep` chooses each arm's rate on the task's validation prompts (its
     grid grown past an edge that wins where `grow`), `<name>` compares the arms at those rates on the test prompts,
     paired by seed (the first study's tables keep their Welch tests beside: `welch`), with the report's `more`
-    sections; `note` goes under both titles. `copy`: earlier=(arms whose rate the second study chose, not swept
-    again), copies=(the suite whose runs of those arms it copies)."""
+    sections; `note` goes under both titles. `more_of`: earlier=(arms whose rate the second study chose, not swept
+    again), copies=(the suite whose runs of those arms it copies), test=(its test split, its size: the test prompts'
+    256 unless said), baseline=(the file of the starting model's success: baseline.json unless said)."""
+    test, baseline = more_of.get("test", ("test", 256)), more_of.get("baseline", "baseline.json")
     real_model = dict(model="SmolLM2-135M-Instruct", task=task, note=lambda results, chosen: note)
-    swept = {n: arm for n, arm in arms.items() if n not in copy.get("earlier", ())}
+    swept = {n: arm for n, arm in arms.items() if n not in more_of.get("earlier", ())}
     if swept:  # a study of arms whose rates an earlier sweep chose has none of its own
         SUITES[f"{name}_sweep"] = Suite(
             runs=real_sweep(task, swept, sweep_seeds, prefix, grow=f"{name}_sweep" if grow else None),
             arms=(prefix, swept),
             sections=("long", "real sweep"),
             held_out=f"the {task} task's 128 validation prompts (success rate)",
-            start=lambda: smollm2.starting(task, "valid"),
+            start=lambda: smollm2.starting(task, "valid", baseline),
             chooses_rates=True,
             **real_model,
         )
     SUITES[name] = Suite(
-        runs=real(task, arms, prefix, copy.get("earlier", ()), test),
-        copies=copy.get("copies"),
+        runs=real(task, arms, prefix, more_of.get("earlier", ()), test),
+        copies=more_of.get("copies"),
         sections=("long", *["tests"] * welch, "paired", "real", "time", *more, "answers"),
         pairs=lambda names: pairs,
         held_out=f"the {task} task's {test[1]} test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
-        start=lambda: smollm2.starting(task, "test"),
+        start=lambda: smollm2.starting(task, test[0], baseline),
         **real_model,
     )
 
@@ -328,7 +317,10 @@ EARLIER = (
 )
 # the first study's tables: each comparison by Welch's test too, as it was first read, beside the paired tests
 FIRST_STUDY = (REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS)
-real_suites("constraints", "constraints", *FIRST_STUDY, more=["task talk"], note=EARLIER, welch=True)
+EARLIER_START = "baseline-earlier-reward.json"  # the starting model as the earlier reward scored it
+real_suites(
+    "constraints", "constraints", *FIRST_STUDY, more=["task talk"], note=EARLIER, welch=True, baseline=EARLIER_START
+)
 real_suites("addition", "addition", *FIRST_STUDY, welch=True)
 PLAN = 'The plan of these runs: docs/results.md, "The second study", committed before them in d6a9b86.'
 real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, True, ["phrasing"], PLAN)
