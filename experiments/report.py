@@ -420,9 +420,10 @@ def hacks(rows, ctx):
     ]
     shown = []
     for r in rows:
-        asked = [split[json.dumps(a["prompt"])] for run in r["answers"] for a in run if a["reward"] == 1.0]
-        texts = [a["completion"] for run in r["answers"] for a in run if a["reward"] == 1.0]
-        wins = [(text, row["topic"], smollm2.asked_word(row["constraint"])) for text, row in zip(texts, asked)]
+        won = [
+            (a["completion"], split[json.dumps(a["prompt"])]) for run in r["answers"] for a in run if a["reward"] == 1
+        ]
+        wins = [(text, row["topic"], smollm2.asked_word(row["constraint"])) for text, row in won]
         grams = [smollm2.four_grams(*win) for win in wins]
         counts = Counter(g for found in grams for g in found)  # the commonest, the first in order among equals
         common = sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:1] or [("–", 0)]

@@ -308,6 +308,20 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
     )
 
 
+def one_real_suite(task, runs, sections, note, split="test", n=256):
+    """A real-model suite of its own (no sweep, no tests): its runs scored on n prompts of a split."""
+    return Suite(
+        runs=runs,
+        sections=sections,
+        held_out=f"the {task} task's {n} {dict(valid='validation').get(split, split)} prompts (success rate)",
+        start=lambda: smollm2.starting(task, split),
+        margin=0.05,
+        model="SmolLM2-135M-Instruct",
+        task=task,
+        note=lambda results, chosen: note,
+    )
+
+
 # the constraints runs predate the reward's rule against answers that talk about the task: their tables say so
 EARLIER = (
     'Measured with the constraints reward as it was before it failed answers that talk about the task ("This '
@@ -354,16 +368,9 @@ HORIZON_ARMS = {
     for name in (ON, K1, CONTROL)
     for algo, mode, more, grid, _ in [OFFPOLICY_ARMS[name]]
 }
-SUITES["horizon"] = Suite(
-    runs=real("addition", HORIZON_ARMS, THIRD, earlier=tuple(HORIZON_ARMS)),
-    sections=("long", "real", "horizon", "signal", "phrasing", "answers"),
-    held_out="the addition task's 128 validation prompts (success rate)",
-    start=lambda: smollm2.starting("addition", "valid"),
-    margin=0.05,
-    model="SmolLM2-135M-Instruct",
-    task="addition",
-    note=lambda results, chosen: THIRD_PLAN,
-)
+HORIZON_SECTIONS = ("long", "real", "horizon", "signal", "phrasing", "answers")
+HORIZON = real("addition", HORIZON_ARMS, THIRD, earlier=tuple(HORIZON_ARMS))
+SUITES["horizon"] = one_real_suite("addition", HORIZON, HORIZON_SECTIONS, THIRD_PLAN, "valid", 128)
 
 # ---- instruction following again: the constraints task under the current reward, on its rebuilt pairs -------------
 # the pilot, before any plan: online DPO and GRPO (the policies that found the last way to score without doing the
@@ -372,16 +379,9 @@ PILOT_NOTE = (
     "A pilot, not a comparison: online DPO and GRPO at the rates the first study chose, one seed, scored by the "
     "current reward; every success is listed below to be read for ways to score without doing the task."
 )
-SUITES["constraints_pilot"] = Suite(
-    runs=real("constraints", {name: REAL_ARMS[name][:4] + ((0,),) for name in ("dpo online", "grpo online")}),
-    sections=("long", "real", "hacks", "answers", "successes"),
-    held_out="the constraints task's 256 test prompts (success rate)",
-    start=lambda: smollm2.starting("constraints", "test"),
-    margin=0.05,
-    model="SmolLM2-135M-Instruct",
-    task="constraints",
-    note=lambda results, chosen: PILOT_NOTE,
-)
+PILOT_ARMS = {name: REAL_ARMS[name][:4] + ((0,),) for name in ("dpo online", "grpo online")}
+PILOT_SECTIONS = ("long", "real", "hacks", "answers", "successes")
+SUITES["constraints_pilot"] = one_real_suite("constraints", real("constraints", PILOT_ARMS), PILOT_SECTIONS, PILOT_NOTE)
 
 # ---- the instruction study (docs/results.md: its plan): the constraints task again, under the current reward ------
 INSTRUCTION = "instruction study: "  # its rates' keys: "constraints instruction study: <arm>"
