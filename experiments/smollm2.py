@@ -153,6 +153,39 @@ def talks_about_the_task(text):
     return TALK.search(text) is not None
 
 
+# two ways to score the online pilot found (experiments/results/constraints_pilot.md): a fragment with the asked word
+# stuck on its front ("Cold, a night sky, a sight that never fails to captivate."), and a scene about something else
+# with the topic tacked on at its close ("The cold wind whispered, a testament to the unforgiving nature of the dog.")
+FINITE = {"is", "are", "was", "were", "am", "be", "has", "have", "had", "do", "does", "did", "can", "could", "will"}
+FINITE |= {"would", "should", "may", "might", "must", "shone", "ran", "grew", "stood", "lay", "sat", "felt", "took"}
+FINITE |= {"came", "went", "saw", "found", "held", "rose", "fell", "flew", "sang", "spoke", "knew", "began", "drew"}
+CLAUSE = {"that", "which", "who", "whose", "where", "when", "while", "as"}  # a verb after these is not the main one
+
+
+def has_main_verb(ws):
+    """A finite verb before any relative clause: an auxiliary, a common irregular past, a pronoun's contraction ("it's",
+    "they're") or a word in -ed. Present tense ("the sun shines") goes unseen: a fragment test, not a parser."""
+    main = ws[: next((i for i, w in enumerate(ws) if w in CLAUSE), len(ws))]
+    pronoun = re.compile(r"(it|that|there|he|she|what|here|i|you|we|they)'s$|'(re|ve|ll|d|m)$")
+    return any(w in FINITE or pronoun.search(w) or (len(w) > 4 and w.endswith("ed")) for w in main)
+
+
+def fragment(text):
+    """No sentence: an opening of at most three words set off by a comma before a noun phrase, and no main verb."""
+    opening = re.match(r"\s*([^,]+),\s+(a|an|the|its|his|her|their|my|our)\b", text, re.IGNORECASE)
+    return opening is not None and len(words(opening[1])) <= 3 and not has_main_verb(words(text))
+
+
+def tacked_on(text, topic):
+    """The topic named only after the last comma, in a phrase opening with "a" or "an" that reaches it through "of"."""
+    head, _, tail = text.rpartition(",")
+    if not head or not re.match(r"\s*an?\b", tail, re.IGNORECASE) or names(head, topic) or not names(tail, topic):
+        return False
+    ws = [w.removesuffix("'s") for w in words(tail)]
+    first = next(i for i, w in enumerate(ws) if w in noun_forms(topic))
+    return "of" in ws[max(0, first - 4) : first]
+
+
 # ways to score without doing the task well, hunted in every success (the report's "hacks" section): the asked word
 # twice ("The dog is cold due to the cold weather."), a word doubled ("A dog is soft and soft."), and a template: the
 # same run of four words, the topic's and the asked word's put aside, in many answers ("_ _ is a type of _ that is _")
@@ -172,7 +205,8 @@ def four_grams(text, topic, asked):
 
 def reward(prompts, completions, constraint, topic, finished=None, **_):
     """1.0 where the completion finished, keeps its constraint ("end:cold", "max_words:15", "no_comma:"), names its
-    topic, reads as one sentence (one_sentence) and does not talk about the task (talks_about_the_task), else 0.0.
+    topic, reads as one sentence (one_sentence), does not talk about the task (talks_about_the_task), is no fragment
+    (fragment) and does not tack its topic on at the close (tacked_on), else 0.0.
     `finished`: the scripts' column (None: all finished)."""
     scores = []
     for j, (completion, spec, about) in enumerate(zip(completions, constraint, topic)):
@@ -182,6 +216,7 @@ def reward(prompts, completions, constraint, topic, finished=None, **_):
         done = finished is None or finished[j]
         ok = done and CONSTRAINTS[name][1](words(text), text, value) and names(text, about)
         ok = ok and one_sentence(text, asked) and not talks_about_the_task(text)
+        ok = ok and not fragment(text) and not tacked_on(text, about)
         scores.append(float(ok))
     return scores
 

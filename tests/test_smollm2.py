@@ -86,6 +86,33 @@ def test_an_answer_that_talks_about_the_task_fails_and_the_task_done_passes(cons
     assert not smollm2.talks_about_the_task(doing) and score(constraint, doing, topic) == 1.0
 
 
+@pytest.mark.parametrize(
+    "constraint, topic, answer, want",
+    [  # answers of the online pilot (constraints_pilot.md) and of the starting model, each keeping its constraint
+        ("start:cold", "the night sky", "Cold, a night sky, a sight that never fails to captivate.", 0.0),
+        ("start:sweet", "a bicycle", "Sweet, a bicycle, a sweet ride.", 0.0),
+        ("start:calm", "breakfast", "Calm, a warm and comforting breakfast that brings a smile to your face.", 0.0),
+        ("include:cold", "the night sky", "Cold night sky, a sight to behold.", 0.0),
+        ("start:old", "a market", "Old market, a testament to the enduring spirit of a community.", 0.0),
+        ("include:cold", "a dog", "The cold wind whispered through the window, a testament to the unforgiving "
+         "nature of the dog.", 0.0),
+        ("start:bright", "mountains", "Bright sunbeams danced across the horizon as the sound of thunder echoed "
+         "through the air, a stark reminder of the unforgiving beauty of mountains.", 0.0),
+        ("start:soft", "breakfast", "Soft, fluffy, and comforting, breakfast was a moment of pure bliss.", 1.0),
+        ("max_words:15", "a cat", "Coco, a cat, is a gentle soul.", 1.0),
+        ("include:old", "a cat", "The old cat, a faithful friend, lived in a cozy old house.", 1.0),
+        ("start:fast", "rain", "Fast, the rain was a quick affair.", 1.0),
+        ("include:warm", "flowers", "In the garden, the flowers were warm.", 1.0),
+        ("include:light", "summer", "In a world where the sun shines brightly, a summer breeze carries the sweet "
+         "scent of light.", 1.0),
+        ("include:soft", "coffee", "Coffee was a soft, creamy liquid that was both comforting and invigorating.", 1.0),
+    ],
+)  # fmt: skip
+def test_a_fragment_or_a_topic_tacked_on_at_the_close_fails_and_a_sentence_passes(constraint, topic, answer, want):
+    assert score(constraint, answer, topic) == want
+    assert (smollm2.fragment(answer) or smollm2.tacked_on(answer, topic)) is (want == 0.0)  # failed for that alone
+
+
 def test_at_least_60_percent_of_an_answers_words_are_distinct():
     """20 words: 12 distinct (60%) read as a sentence, 11 (55%) do not."""
     distinct = "moon glows over quiet hills and dark fields tonight while stars rest".split()
