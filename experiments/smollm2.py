@@ -153,9 +153,10 @@ def talks_about_the_task(text):
     return TALK.search(text) is not None
 
 
-# two ways to score the online pilot found (experiments/results/constraints_pilot.md): a fragment with the asked word
-# stuck on its front ("Cold, a night sky, a sight that never fails to captivate."), and a scene about something else
-# with the topic tacked on at its close ("The cold wind whispered, a testament to the unforgiving nature of the dog.")
+# ways to score the online pilot found (experiments/results/constraints_pilot.md, superseded/): a fragment with the
+# asked word stuck on its front ("Cold, a night sky, a sight that never fails to captivate."), the word stuck on a
+# sentence ("Fast, the ocean is a creature of motion."), a scene about something else with the topic tacked on at its
+# close ("The cold wind whispered, a testament to the unforgiving nature of the dog.")
 FINITE = {"is", "are", "was", "were", "am", "be", "has", "have", "had", "do", "does", "did", "can", "could", "will"}
 FINITE |= {"would", "should", "may", "might", "must", "shone", "ran", "grew", "stood", "lay", "sat", "felt", "took"}
 FINITE |= {"came", "went", "saw", "found", "held", "rose", "fell", "flew", "sang", "spoke", "knew", "began", "drew"}
@@ -170,10 +171,12 @@ def has_main_verb(ws):
     return any(w in FINITE or pronoun.search(w) or (len(w) > 4 and w.endswith("ed")) for w in main)
 
 
-def fragment(text):
-    """No sentence: an opening of at most three words set off by a comma before a noun phrase, and no main verb."""
+def fragment(text, asked=None):
+    """An opening of at most three words set off by a comma before a noun phrase, with no main verb (no sentence), or
+    with the asked word alone as that opening, stuck on the sentence after it ("Fast, the ocean is a wild beast.")."""
     opening = re.match(r"\s*([^,]+),\s+(a|an|the|its|his|her|their|my|our)\b", text, re.IGNORECASE)
-    return opening is not None and len(words(opening[1])) <= 3 and not has_main_verb(words(text))
+    ws = words(opening[1]) if opening else []
+    return bool(ws) and (ws == [asked] or (len(ws) <= 3 and not has_main_verb(words(text))))
 
 
 def tacked_on(text, topic):
@@ -216,7 +219,7 @@ def reward(prompts, completions, constraint, topic, finished=None, **_):
         done = finished is None or finished[j]
         ok = done and CONSTRAINTS[name][1](words(text), text, value) and names(text, about)
         ok = ok and one_sentence(text, asked) and not talks_about_the_task(text)
-        ok = ok and not fragment(text) and not tacked_on(text, about)
+        ok = ok and not fragment(text, asked) and not tacked_on(text, about)
         scores.append(float(ok))
     return scores
 

@@ -88,7 +88,7 @@ def test_an_answer_that_talks_about_the_task_fails_and_the_task_done_passes(cons
 
 @pytest.mark.parametrize(
     "constraint, topic, answer, want",
-    [  # answers of the online pilot (constraints_pilot.md) and of the starting model, each keeping its constraint
+    [  # answers of the online pilot (superseded/constraints_pilot_round*.md) and the starting model, each keeping it
         ("start:cold", "the night sky", "Cold, a night sky, a sight that never fails to captivate.", 0.0),
         ("start:sweet", "a bicycle", "Sweet, a bicycle, a sweet ride.", 0.0),
         ("start:calm", "breakfast", "Calm, a warm and comforting breakfast that brings a smile to your face.", 0.0),
@@ -101,7 +101,12 @@ def test_an_answer_that_talks_about_the_task_fails_and_the_task_done_passes(cons
         ("start:soft", "breakfast", "Soft, fluffy, and comforting, breakfast was a moment of pure bliss.", 1.0),
         ("max_words:15", "a cat", "Coco, a cat, is a gentle soul.", 1.0),
         ("include:old", "a cat", "The old cat, a faithful friend, lived in a cozy old house.", 1.0),
-        ("start:fast", "rain", "Fast, the rain was a quick affair.", 1.0),
+        ("start:fast", "rain", "Fast, the rain was a quick affair.", 0.0),  # the asked word stuck on a sentence
+        ("start:fast", "the ocean", "Fast, the ocean is a creature of motion, its depths a testament to the relentless "
+         "power of nature.", 0.0),
+        ("start:happy", "a kitchen", '"Happy, a warm and indulgent sight, a kitchen is a place where joy and warmth '
+         'are shared.', 0.0),
+        ("include:bright", "breakfast", "Bright, warm, and full of life, breakfast was a moment to be savored.", 1.0),
         ("include:warm", "flowers", "In the garden, the flowers were warm.", 1.0),
         ("include:light", "summer", "In a world where the sun shines brightly, a summer breeze carries the sweet "
          "scent of light.", 1.0),
@@ -110,7 +115,8 @@ def test_an_answer_that_talks_about_the_task_fails_and_the_task_done_passes(cons
 )  # fmt: skip
 def test_a_fragment_or_a_topic_tacked_on_at_the_close_fails_and_a_sentence_passes(constraint, topic, answer, want):
     assert score(constraint, answer, topic) == want
-    assert (smollm2.fragment(answer) or smollm2.tacked_on(answer, topic)) is (want == 0.0)  # failed for that alone
+    asked = smollm2.asked_word(constraint)
+    assert (smollm2.fragment(answer, asked) or smollm2.tacked_on(answer, topic)) is (want == 0.0)  # failed for that
 
 
 def test_at_least_60_percent_of_an_answers_words_are_distinct():
