@@ -171,10 +171,16 @@ def has_main_verb(ws):
     return any(w in FINITE or pronoun.search(w) or (len(w) > 4 and w.endswith("ed")) for w in main)
 
 
+# an opening set off ("Cold, a", "Warm, it", "Blue...the"): its words, the mark, then a determiner or a pronoun
+AFTER = r"(a|an|the|its|his|her|their|my|our|it|he|she|they|this)\b"
+OPENING = re.compile(r"\s*([^,;.…—]+)(?:,|;|\.\.\.|…|—|\s-)\s*" + AFTER)
+
+
 def fragment(text, asked=None):
-    """An opening of at most three words set off by a comma before a noun phrase, with no main verb (no sentence), or
-    with the asked word alone as that opening, stuck on the sentence after it ("Fast, the ocean is a wild beast.")."""
-    opening = re.match(r"\s*([^,]+),\s+(a|an|the|its|his|her|their|my|our)\b", text, re.IGNORECASE)
+    """An opening of at most three words set off before a noun phrase or a pronoun, with no main verb (no sentence), or
+    with the asked word alone as that opening, stuck on the sentence after it ("Fast, the ocean is a wild beast.",
+    "Cold, it was a sight to behold.")."""
+    opening = OPENING.match(text.lower())
     ws = words(opening[1]) if opening else []
     return bool(ws) and (ws == [asked] or (len(ws) <= 3 and not has_main_verb(words(text))))
 

@@ -106,7 +106,12 @@ def test_an_answer_that_talks_about_the_task_fails_and_the_task_done_passes(cons
          "power of nature.", 0.0),
         ("start:happy", "a kitchen", '"Happy, a warm and indulgent sight, a kitchen is a place where joy and warmth '
          'are shared.', 0.0),
+        ("start:cold", "a market", "Cold, it was a sight to behold, a market that was both familiar and "
+         "unforgiving.", 0.0),
+        ("start:blue", "music", "Blue...the very essence of music, a fleeting moment of pure beauty.", 0.0),
         ("include:bright", "breakfast", "Bright, warm, and full of life, breakfast was a moment to be savored.", 1.0),
+        ("start:soft", "mountains", "Soft, unyielding, a mountain's presence is a balm to the soul.", 1.0),
+        ("include:cold", "a garden", "In the garden, it was cold and still.", 1.0),
         ("include:warm", "flowers", "In the garden, the flowers were warm.", 1.0),
         ("include:light", "summer", "In a world where the sun shines brightly, a summer breeze carries the sweet "
          "scent of light.", 1.0),
