@@ -393,6 +393,6 @@ INSTRUCTION_ARMS = {
 }
 INSTRUCTION_ARMS["grpo offline, no anchor"] = ("grpo", "offline", NO_ANCHOR, REAL_MULTIPLES, FIVE)
 INSTRUCTION_PAIRS = REAL_PAIRS + [("grpo offline+humanline", "grpo offline, no anchor")]
-INSTRUCTION_PLAN = 'The plan of these runs: docs/results.md, "The instruction study" (to be committed before them).'
+INSTRUCTION_PLAN = 'The plan of these runs: docs/results.md, "The instruction study", committed before them in f1ac939.'
 INSTRUCTIONS = ("instructions", INSTRUCTION_ARMS, INSTRUCTION_PAIRS, STUDY_SWEEP_SEEDS, INSTRUCTION, True)
 real_suites("constraints", *INSTRUCTIONS, ["hacks", "phrasing"], INSTRUCTION_PLAN, test=("test_heldout", 384))
