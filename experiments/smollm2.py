@@ -161,14 +161,14 @@ FINITE = {"is", "are", "was", "were", "am", "be", "has", "have", "had", "do", "d
 FINITE |= {"would", "should", "may", "might", "must", "shone", "ran", "grew", "stood", "lay", "sat", "felt", "took"}
 FINITE |= {"came", "went", "saw", "found", "held", "rose", "fell", "flew", "sang", "spoke", "knew", "began", "drew"}
 CLAUSE = {"that", "which", "who", "whose", "where", "when", "while", "as"}  # a verb after these is not the main one
+CONTRACTED = re.compile(r"(it|that|there|he|she|what|here|i|you|we|they)'s$|'(re|ve|ll|d|m)$")  # "it's", "we're"
 
 
 def has_main_verb(ws):
     """A finite verb before any relative clause: an auxiliary, a common irregular past, a pronoun's contraction ("it's",
     "they're") or a word in -ed. Present tense ("the sun shines") goes unseen: a fragment test, not a parser."""
     main = ws[: next((i for i, w in enumerate(ws) if w in CLAUSE), len(ws))]
-    pronoun = re.compile(r"(it|that|there|he|she|what|here|i|you|we|they)'s$|'(re|ve|ll|d|m)$")
-    return any(w in FINITE or pronoun.search(w) or (len(w) > 4 and w.endswith("ed")) for w in main)
+    return any(w in FINITE or CONTRACTED.search(w) or (len(w) > 4 and w.endswith("ed")) for w in main)
 
 
 # an opening set off ("Cold, a", "Warm, it", "Blue...the"): its words, the mark, then a determiner or a pronoun

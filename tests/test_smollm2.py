@@ -98,9 +98,6 @@ def test_an_answer_that_talks_about_the_task_fails_and_the_task_done_passes(cons
          "nature of the dog.", 0.0),
         ("start:bright", "mountains", "Bright sunbeams danced across the horizon as the sound of thunder echoed "
          "through the air, a stark reminder of the unforgiving beauty of mountains.", 0.0),
-        ("start:soft", "breakfast", "Soft, fluffy, and comforting, breakfast was a moment of pure bliss.", 1.0),
-        ("max_words:15", "a cat", "Coco, a cat, is a gentle soul.", 1.0),
-        ("include:old", "a cat", "The old cat, a faithful friend, lived in a cozy old house.", 1.0),
         ("start:fast", "rain", "Fast, the rain was a quick affair.", 0.0),  # the asked word stuck on a sentence
         ("start:fast", "the ocean", "Fast, the ocean is a creature of motion, its depths a testament to the relentless "
          "power of nature.", 0.0),
@@ -109,6 +106,9 @@ def test_an_answer_that_talks_about_the_task_fails_and_the_task_done_passes(cons
         ("start:cold", "a market", "Cold, it was a sight to behold, a market that was both familiar and "
          "unforgiving.", 0.0),
         ("start:blue", "music", "Blue...the very essence of music, a fleeting moment of pure beauty.", 0.0),
+        ("start:soft", "breakfast", "Soft, fluffy, and comforting, breakfast was a moment of pure bliss.", 1.0),
+        ("max_words:15", "a cat", "Coco, a cat, is a gentle soul.", 1.0),
+        ("include:old", "a cat", "The old cat, a faithful friend, lived in a cozy old house.", 1.0),
         ("include:bright", "breakfast", "Bright, warm, and full of life, breakfast was a moment to be savored.", 1.0),
         ("start:soft", "mountains", "Soft, unyielding, a mountain's presence is a balm to the soul.", 1.0),
         ("include:cold", "a garden", "In the garden, it was cold and still.", 1.0),
