@@ -284,7 +284,6 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
     again), copies=(the suite whose runs of those arms it copies), test=(its test split, its size: the test prompts'
     256 unless said), baseline=(the file of the starting model's success: baseline.json unless said)."""
     test, baseline = more_of.get("test", ("test", 256)), more_of.get("baseline", "baseline.json")
-    real_model = dict(model="SmolLM2-135M-Instruct", task=task, note=lambda results, chosen: note)
     swept = {n: arm for n, arm in arms.items() if n not in more_of.get("earlier", ())}
     if swept:  # a study of arms whose rates an earlier sweep chose has none of its own
         SUITES[f"{name}_sweep"] = Suite(
@@ -294,7 +293,7 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
             held_out=f"the {task} task's 128 validation prompts (success rate)",
             start=lambda: smollm2.starting(task, "valid", baseline),
             chooses_rates=True,
-            **real_model,
+            **real_model(task, note),
         )
     SUITES[name] = Suite(
         runs=real(task, arms, prefix, more_of.get("earlier", ()), test),
@@ -304,7 +303,7 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
         held_out=f"the {task} task's {test[1]} test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
         start=lambda: smollm2.starting(task, test[0], baseline),
-        **real_model,
+        **real_model(task, note),
     )
 
 
@@ -316,10 +315,13 @@ def one_real_suite(task, runs, sections, note, split="test", n=256):
         held_out=f"the {task} task's {n} {dict(valid='validation').get(split, split)} prompts (success rate)",
         start=lambda: smollm2.starting(task, split),
         margin=0.05,
-        model="SmolLM2-135M-Instruct",
-        task=task,
-        note=lambda results, chosen: note,
+        **real_model(task, note),
     )
+
+
+def real_model(task, note):
+    """The fields every real-model suite shares: the model, the task, the note under its title."""
+    return dict(model="SmolLM2-135M-Instruct", task=task, note=lambda results, chosen: note)
 
 
 # the constraints runs predate the reward's rule against answers that talk about the task: their tables say so
