@@ -358,21 +358,24 @@ def real_table(rows, ctx):
 
 
 def test_rows(task):
-    """The task's test prompts (the constraints' held-out ones too): each prompt's row (its constraint and topic, or
-    answer), by the prompt."""
-    split = "test_heldout" if task == "constraints" else "test"  # the constraints' 256 test prompts, then 128 more
-    test = open(os.path.join(runner.ROOT, suites.smollm2.data(task, split))).read().splitlines()
-    return {json.dumps(row["prompt"]): row for row in map(json.loads, test)}
+    """The task's evaluation prompts (validation, test, the constraints' held-out test): each prompt's row (its
+    constraint and topic, or answer), by the prompt."""
+    rows = {}
+    for split in ("valid", "test", "test_heldout"):  # a suite scored on validation prompts (the horizon's) reads them
+        path = os.path.join(runner.ROOT, suites.smollm2.data(task, split))
+        rows |= {json.dumps(row["prompt"]): row for row in map(json.loads, open(path))} if os.path.exists(path) else {}
+    return rows
 
 
 def answers(rows, ctx):
     """What every trained model writes: each run's answer to the first test prompt of each kind (constraint, or
     phrasing; read from the test split's row of the prompt), its reward and whether it finished; the success of the
     reward is read in these, not in a few."""
-    split = test_rows(ctx.entry.task)
+    split, prompts = test_rows(ctx.entry.task), "validation" if "validation" in ctx.entry.held_out else "test"
     lines = [
         "",
-        "Every run's answer to the first test prompt of each kind, its reward, and `cut` where it did not finish:",
+        f"Every run's answer to the first {prompts} prompt of each kind, its reward, and `cut` where it did not "
+        "finish:",
     ]
     for r in rows:
         for seed, answered in zip(r["args"], r["answers"]):
@@ -533,8 +536,9 @@ def horizon(rows, ctx):
     and per seed its last success against its best (the plan's collapse rule reads them)."""
     steps = sorted({s for r in rows for c in r["curves"] for s, _, _ in c})
     at = lambda series, step: [v for run in series for s, v, *_ in run if s == step]  # noqa: E731
-    lines = ["", f"Validation success (and drift: perplexity under the starting model, {ctx.entry.start():.3f} at the"]
-    lines += ["start in success) at each evaluation, mean ± standard error over seeds:", ""]
+    lines = ["", f"Validation success at each evaluation (the starting model's: {ctx.entry.start():.3f}) and, in"]
+    lines += ["brackets, the drift (the answers' perplexity under the starting model); mean ± standard error over"]
+    lines += ["seeds:", ""]
     cell = lambda r, s: f"{fmt(mean_se(at(r['curves'], s)))} ({fmt(mean_se(at(r.get('drifts', []), s)), 2)})"  # noqa: E731
     lines += table(
         "configuration | " + " | ".join(map(str, steps)), [[r["config"]] + [cell(r, s) for s in steps] for r in rows]

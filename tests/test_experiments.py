@@ -571,24 +571,34 @@ def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_t
     )
 
 
-@pytest.mark.parametrize("task", ["constraints", "addition"])
-def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path, task):
+@pytest.mark.parametrize(
+    "suite, arm, split",
+    [
+        ("constraints", "dpo offline", "test"),
+        ("addition", "dpo offline", "test"),
+        ("horizon", "grpo online, N = 1", "valid"),
+    ],
+)
+def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path, suite, arm, split):
     """The real model's answers, as the scripts write them (prompt, completion, reward, finished; no constraint
-    column): each run's first answer to a test prompt of each kind (constraint or phrasing, read from the test split),
-    its reward and `cut` where it did not finish."""
-    results, chosen = str(tmp_path), {f"{task} dpo offline": 5e-6}
-    rows = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data(task, "test")))]
+    column): each run's first answer to a prompt of each kind (constraint or phrasing, read from the split the suite
+    is scored on: the horizon's validation prompts), its reward and `cut` where it did not finish."""
+    task = suites.SUITES[suite].task
+    results, chosen = str(tmp_path), {f"{task} dpo offline": 5e-6, f"{task} {suites.STUDY}{arm}": 2e-5}
+    rows = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data(task, split)))]
     firsts = {}
     for row in rows:
         firsts.setdefault(suites.smollm2.kind(task, row), row)
     answers = [
         dict(prompt=r["prompt"], completion=f"answer {i}", reward=i % 2, finished=i > 0) for i, r in enumerate(rows)
     ]
-    configs = suites.SUITES[task].runs(results, chosen)
+    configs = [c for c in suites.SUITES[suite].runs(results, chosen) if c.name == arm]
     for seed in configs[0].seeds:
-        fake_run(results, task, "dpo offline", seed, [(32, 0.3)], quality=True, answers=answers)
-    report.report(results, task, configs)
-    table = open(os.path.join(results, f"{task}.md")).read()
+        last = runner.max_steps_of(configs[0].flags)
+        fake_run(results, suite, arm, seed, [(last, 0.3)], quality=True, answers=answers)
+    report.report(results, suite, configs)
+    table = open(os.path.join(results, f"{suite}.md")).read()
+    assert f"the first {dict(valid='validation').get(split, split)} prompt of each kind" in table
     shown = [line for line in table.splitlines() if line.startswith("- ")]
     assert len(firsts) > 1 and len(shown) == len(firsts) * len(configs[0].seeds)
     for row in firsts.values():
