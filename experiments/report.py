@@ -343,13 +343,21 @@ def real_sweep_table(rows, ctx):
     return lines + table("variant | " + " | ".join(f"{m:g}x" for m in multiples) + " | chosen", shown)
 
 
+def scored_on(entry):  # the prompts a real-model suite's tables read: the test prompts, or the horizon's validation
+    return "validation" if "validation" in entry.held_out else "test"
+
+
 def real_table(rows, ctx):
     """The real model's comparison: each configuration's success before (the starting model, greedy) and after, the
     share of its answers cut off, and what the reward leaves out, on every trained model (smollm2.quality)."""
-    start = ctx.entry.start()
-    lines = ["", f"Test success after training (the starting model: {start:.3f}), the share of answers cut off at the"]
-    lines += ["token limit (each a failure), and what the reward leaves out, measured on every trained model's test"]
-    lines += ["answers: their per-token perplexity under the frozen starting model and their share of repeated words:"]
+    start, prompts = ctx.entry.start(), scored_on(ctx.entry)
+    lines = [
+        "",
+        f"{prompts.capitalize()} success after training (the starting model: {start:.3f}), the share of answers cut "
+        "off at the",
+        f"token limit (each a failure), and what the reward leaves out, measured on every trained model's {prompts}",
+        "answers: their per-token perplexity under the frozen starting model and their share of repeated words:",
+    ]
     gain = lambda r: fmt(mean_se([x - start for x in r["rewards"]]))  # noqa: E731
     shown = [[r["config"], r["seeds"], fmt(r["reward"]), gain(r), fmt(r["cut"])] for r in rows]
     shown = [cells + [fmt(r["perplexity"], 2), fmt(r["repeated_words"])] for cells, r in zip(shown, rows)]
@@ -368,10 +376,10 @@ def test_rows(task):
 
 
 def answers(rows, ctx):
-    """What every trained model writes: each run's answer to the first test prompt of each kind (constraint, or
-    phrasing; read from the test split's row of the prompt), its reward and whether it finished; the success of the
-    reward is read in these, not in a few."""
-    split, prompts = test_rows(ctx.entry.task), "validation" if "validation" in ctx.entry.held_out else "test"
+    """What every trained model writes: each run's answer to the first prompt of each kind (constraint, or phrasing;
+    read from the prompt's row in its split), its reward and whether it finished; the success of the reward is read in
+    these, not in a few."""
+    split, prompts = test_rows(ctx.entry.task), scored_on(ctx.entry)
     lines = [
         "",
         f"Every run's answer to the first {prompts} prompt of each kind, its reward, and `cut` where it did not "

@@ -598,7 +598,8 @@ def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path,
         fake_run(results, suite, arm, seed, [(last, 0.3)], quality=True, answers=answers)
     report.report(results, suite, configs)
     table = open(os.path.join(results, f"{suite}.md")).read()
-    assert f"the first {dict(valid='validation').get(split, split)} prompt of each kind" in table
+    prompts = dict(valid="validation").get(split, split)  # the tables name the prompts they were scored on
+    assert f"the first {prompts} prompt of each kind" in table and f"{prompts.capitalize()} success after" in table
     shown = [line for line in table.splitlines() if line.startswith("- ")]
     assert len(firsts) > 1 and len(shown) == len(firsts) * len(configs[0].seeds)
     for row in firsts.values():
