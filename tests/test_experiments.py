@@ -730,7 +730,8 @@ def test_the_task_talk_section_rescores_the_runs_answers_with_the_current_reward
 def test_the_instruction_study_sweeps_ten_arms_and_scores_them_on_the_test_and_held_out_prompts():
     """Its sweep: each arm at 1x, 4x and 16x the paper's rate, 2 seeds, on the 128 validation prompts; its comparison:
     the 384 test and held-out prompts, 8 seeds for DPO's and GRPO's offline + humanline and online arms, 5 for the
-    rest, seven paired comparisons with the hacks and by-topic sections."""
+    rest, seven paired comparisons with the hacks and by-topic sections; KTO online at the amendment's 1.6e-4, whatever
+    its sweep chose."""
     sweep = suites.SUITES["instructions_sweep"].runs("no-results", {})
     assert len(sweep) == 30 and all(c.seeds == (100, 101) for c in sweep)
     assert all(c.flags[c.flags.index("--eval_prompts") + 1].endswith("constraints/valid.jsonl") for c in sweep)
@@ -742,6 +743,9 @@ def test_the_instruction_study_sweeps_ten_arms_and_scores_them_on_the_test_and_h
         f"{a} {m}" for a in ("dpo", "grpo") for m in ("offline+humanline", "online")
     ]
     assert configs["grpo offline, no anchor"].flags[-4:-2] == ["--eps", "1e9"]
+    rates = {n: suites.rate_of(c.flags) for n, c in configs.items()}
+    assert rates.pop("kto online") == 1.6e-4 and set(rates.values()) == {1e-5}
+    assert configs["kto online"].flags.count("--learning_rate") == 1
     entry = suites.SUITES["instructions"]
     assert len(entry.pairs([])) == 7 and {"hacks", "phrasing", "paired"} <= set(entry.sections)
 
