@@ -420,32 +420,43 @@ def task_talk(rows, ctx):
     return lines + ["", *table(columns, shown)]
 
 
+def commonest(wins):
+    """The four words (smollm2.four_grams) most of these successes hold, the first in order among equals, and the
+    share that holds them."""
+    counts = Counter(g for win in wins for g in suites.smollm2.four_grams(*win))
+    common = sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:1] or [("–", 0)]
+    return common[0][0], common[0][1] / max(len(wins), 1)
+
+
 def hacks(rows, ctx):
     """Constraints: of each row's successes (its seeds' pooled), the shares that talk about the task, say the asked
-    word twice, double a word ("soft and soft"), and hold the row's commonest four words (a template: smollm2's)."""
+    word twice, double a word ("soft and soft"), and hold the row's commonest four words (a template: smollm2's); and
+    the run whose successes hold their own commonest four words most (one seed's template, which pooling hides)."""
     split, smollm2 = test_rows(ctx.entry.task), suites.smollm2
     lines = ["", "Of each row's successes (all seeds), the shares that talk about the task, say the asked word twice,"]
     lines += [
-        'double a word ("soft and soft") and hold its commonest four words ("_": the topic or the asked word):',
+        'double a word ("soft and soft") and hold its commonest four words ("_": the topic or the asked word), and',
+        "the seed whose own successes hold their commonest four words most, with that share:",
         "",
     ]
     shown = []
     for r in rows:
-        won = [
-            (a["completion"], split[json.dumps(a["prompt"])]) for run in r["answers"] for a in run if a["reward"] == 1
+        runs = [
+            [(a["completion"], split[json.dumps(a["prompt"])]) for a in run if a["reward"] == 1] for run in r["answers"]
         ]
-        wins = [(text, row["topic"], smollm2.asked_word(row["constraint"])) for text, row in won]
-        grams = [smollm2.four_grams(*win) for win in wins]
-        counts = Counter(g for found in grams for g in found)  # the commonest, the first in order among equals
-        common = sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:1] or [("–", 0)]
+        runs = [[(text, row["topic"], smollm2.asked_word(row["constraint"])) for text, row in won] for won in runs]
+        wins = [win for run in runs for win in run]
         share = lambda says: f"{np.mean([says(*win) for win in wins]):.3f}" if wins else "–"  # noqa: E731
         cells = [share(lambda t, *_: smollm2.talks_about_the_task(t))]
         cells += [share(lambda t, _, w: w is not None and smollm2.words(t).count(w) >= 2)]
         cells += [share(lambda t, *_: smollm2.DOUBLED.search(t) is not None)]
-        cells += [f"{common[0][1] / max(len(wins), 1):.3f} ({common[0][0]})"]
+        gram, most = commonest(wins)
+        cells += [f"{most:.3f} ({gram})"]
+        (most, gram), seed = max((commonest(run)[::-1], seed["seed"]) for run, seed in zip(runs, r["args"]))
+        cells += [f"seed {seed}: {most:.3f} ({gram})"]
         shown.append([r["config"], r["seeds"], len(wins), *cells])
     columns = "configuration | seeds | successes | talk about the task | asked word twice | a word doubled"
-    return lines + table(columns + " | commonest four words", shown)
+    return lines + table(columns + " | commonest four words | one seed's commonest", shown)
 
 
 def successes(rows, ctx):

@@ -412,4 +412,4 @@ def instructions(results, chosen, at_chosen_rates=SUITES["instructions"].runs):
 
 
 AMENDED_PLAN = INSTRUCTION_PLAN + " Its amendment, KTO online at 1.6e-4 (not 6.4e-4): committed before that arm's runs."
-SUITES["instructions"] = replace(SUITES["instructions"], runs=instructions, **real_model("constraints", AMENDED_PLAN))
+SUITES["instructions"] = replace(SUITES["instructions"], runs=instructions, note=lambda results, chosen: AMENDED_PLAN)
