@@ -765,12 +765,12 @@ def test_the_hacks_section_counts_each_way_to_score_in_the_successes_and_lists_e
     ]
     assert all(key in ask for key, *_ in [((c, t),) for c, t, *_ in said])
     answers = [dict(prompt=ask[c, t], completion=text, reward=r, finished=True) for c, t, text, r in said]
-    rows = [dict(config="dpo online", seeds=2, args=[{"seed": 0}, {"seed": 1}], answers=[answers[:2], answers[2:]])]
+    rows = [dict(config="dpo online", seeds=2, args=[{"seed": 0}, {"seed": 1}], answers=[answers[2:], answers[:2]])]
     ctx = types.SimpleNamespace(entry=suites.SUITES["constraints_pilot"])
     lines = report.hacks(rows, ctx)
     # 4 successes: none talks, three say the word twice (not "Old ... older"), one doubles it, two share "_ _ are a":
-    # both of seed 0's, where seed 1's two share no four words
-    assert "| dpo online | 2 | 4 | 0.000 | 0.750 | 0.250 | 0.500 (_ _ are a) | seed 0: 1.000 (_ _ are a) |" in lines
+    # both of seed 1's, where seed 0's two share no four words (half of them hold their commonest)
+    assert "| dpo online | 2 | 4 | 0.000 | 0.750 | 0.250 | 0.500 (_ _ are a) | seed 1: 1.000 (_ _ are a) |" in lines
     listed = report.successes(rows, ctx)
     assert "- end:soft / a dog: 'A dog is soft and soft.'" in listed and len([x for x in listed if x[:2] == "- "]) == 4
     assert {"hacks", "successes"} <= set(ctx.entry.sections)
