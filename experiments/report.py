@@ -399,27 +399,6 @@ def answers(rows, ctx):
     return lines
 
 
-def task_talk(rows, ctx):
-    """Constraints: each row's success as its runs scored it, the share of those successes that talk about the task
-    (smollm2.talks_about_the_task), and the success the current reward (smollm2.reward) gives the same answers."""
-    split, smollm2 = test_rows(ctx.entry.task), suites.smollm2
-    lines = ["", "Test success as the runs scored it, the share of those successes that talk about the task instead of"]
-    lines += ["doing it, and the success the current reward gives the same answers (mean ± standard error over seeds):"]
-    shown = []
-    for r in rows:
-        talking, now = [], []
-        for answered in r["answers"]:
-            wins = [a["completion"] for a in answered if a["reward"] == 1.0]
-            talking.append(np.mean([smollm2.talks_about_the_task(t) for t in wins]) if wins else math.nan)
-            asked = [split[json.dumps(a["prompt"])] for a in answered]
-            columns = {k: [row[k] for row in asked] for k in ("constraint", "topic")}
-            texts, finished = [a["completion"] for a in answered], [a["finished"] for a in answered]
-            now.append(np.mean(smollm2.reward(None, texts, **columns, finished=finished)))
-        shown.append([r["config"], r["seeds"], fmt(r["reward"]), fmt(mean_se(talking)), fmt(mean_se(now))])
-    columns = "configuration | seeds | success as scored | successes talking about the task | success now"
-    return lines + ["", *table(columns, shown)]
-
-
 def commonest(wins):
     """The four words (smollm2.four_grams) most of these successes hold, the first in order among equals, and the
     share that holds them."""
@@ -457,18 +436,6 @@ def hacks(rows, ctx):
         shown.append([r["config"], r["seeds"], len(wins), *cells])
     columns = "configuration | seeds | successes | talk about the task | asked word twice | a word doubled"
     return lines + table(columns + " | commonest four words | one seed's commonest", shown)
-
-
-def successes(rows, ctx):
-    """Every success of every run with its prompt's constraint and topic: what the hacks section counts, to be read."""
-    split, lines = test_rows(ctx.entry.task), ["", "Every success of every run: its constraint, its topic, the answer:"]
-    for r in rows:
-        for seed, answered in zip(r["args"], r["answers"]):
-            lines += ["", f"**{r['config']}, seed {seed['seed']}**", ""]
-            for a in [a for a in answered if a["reward"] == 1.0]:
-                row, said = split[json.dumps(a["prompt"])], a["completion"].strip().replace("\n", " ")
-                lines.append(f"- {row['constraint']} / {row['topic']}: {said!r}")
-    return lines
 
 
 def signal(rows, ctx):
@@ -594,10 +561,8 @@ SECTIONS = {
     "real sweep": real_sweep_table,
     "real": real_table,
     "answers": answers,
-    "task talk": task_talk,
     "signal": signal,
     "hacks": hacks,
-    "successes": successes,
     "phrasing": phrasing,
     "horizon": horizon,
 }

@@ -4,8 +4,8 @@
     python experiments/run.py --suite sweep        # or main
     python experiments/run.py --report             # only rebuild the toy's tables and plots from finished runs
     python experiments/run.py --quick              # each code path of every toy suite, 2 steps (about 2.5 minutes)
-    python experiments/run.py --suite constraints_sweep && python experiments/run.py --suite constraints   # real model
-    python experiments/run.py --suite addition_sweep && python experiments/run.py --suite addition
+    python experiments/run.py --suite addition_sweep && python experiments/run.py --suite addition      # real model
+    python experiments/run.py --suite instructions_sweep && python experiments/run.py --suite instructions
 
 The order matters: a suite's runs train at the rates its sweep chose (suites.py says what each suite runs; the real
 model's run only when named, once `python experiments/smollm2.py model` has made it). runner.py runs them (one CPU

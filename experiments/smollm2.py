@@ -153,7 +153,7 @@ def talks_about_the_task(text):
     return TALK.search(text) is not None
 
 
-# ways to score the online pilot found (experiments/results/constraints_pilot.md, superseded/): a fragment with the
+# ways to score the online pilot found (docs/results.md, the instruction study's pilot): a fragment with the
 # asked word stuck on its front ("Cold, a night sky, a sight that never fails to captivate."), the word stuck on a
 # sentence ("Fast, the ocean is a creature of motion."), a scene about something else with the topic tacked on at its
 # close ("The cold wind whispered, a testament to the unforgiving nature of the dog.")
@@ -419,10 +419,9 @@ def baseline(task, model=MODEL_DIR):
         json.dump(found | {"max_new_tokens": TASKS[task][1], "decoding": "greedy"}, f, indent=2)
 
 
-def starting(task, split, file="baseline.json"):
-    """The starting model's greedy success on a task's split (its baseline.json; the constraints' first study read
-    baseline-earlier-reward.json, measured before the reward failed answers that talk about the task)."""
-    with open(os.path.join(ROOT, "experiments", "smollm2", task, file)) as f:
+def starting(task, split):
+    """The starting model's greedy success on a task's split (its baseline.json)."""
+    with open(os.path.join(ROOT, "experiments", "smollm2", task, "baseline.json")) as f:
         return json.load(f)[split]["success"]
 
 

@@ -282,8 +282,8 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
     paired by seed (the first study's tables keep their Welch tests beside: `welch`), with the report's `more`
     sections; `note` goes under both titles. `more_of`: earlier=(arms whose rate the second study chose, not swept
     again), copies=(the suite whose runs of those arms it copies), test=(its test split, its size: the test prompts'
-    256 unless said), baseline=(the file of the starting model's success: baseline.json unless said)."""
-    test, baseline = more_of.get("test", ("test", 256)), more_of.get("baseline", "baseline.json")
+    256 unless said)."""
+    test = more_of.get("test", ("test", 256))
     swept = {n: arm for n, arm in arms.items() if n not in more_of.get("earlier", ())}
     if swept:  # a study of arms whose rates an earlier sweep chose has none of its own
         SUITES[f"{name}_sweep"] = Suite(
@@ -291,7 +291,7 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
             arms=(prefix, swept),
             sections=("long", "real sweep"),
             held_out=f"the {task} task's 128 validation prompts (success rate)",
-            start=lambda: smollm2.starting(task, "valid", baseline),
+            start=lambda: smollm2.starting(task, "valid"),
             chooses_rates=True,
             **real_model(task, note),
         )
@@ -302,7 +302,7 @@ def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, mor
         pairs=lambda names: pairs,
         held_out=f"the {task} task's {test[1]} test prompts (success rate)",
         margin=0.05,  # 256 test prompts of 0/1 give a run a standard error near 0.03, so ±0.01 is out of reach
-        start=lambda: smollm2.starting(task, test[0], baseline),
+        start=lambda: smollm2.starting(task, test[0]),
         **real_model(task, note),
     )
 
@@ -324,20 +324,9 @@ def real_model(task, note):
     return dict(model="SmolLM2-135M-Instruct", task=task, note=lambda results, chosen: note)
 
 
-# the constraints runs predate the reward's rule against answers that talk about the task: their tables say so
-EARLIER = (
-    'Measured with the constraints reward as it was before it failed answers that talk about the task ("This '
-    "sentence is about a dog and ends with the word 'calm'.\"): that reward chose the offline pairs and scored every "
-    "answer here, so these successes count such answers. The section on them re-scores each run's test answers with "
-    "the current reward."
-)
-# the first study's tables: each comparison by Welch's test too, as it was first read, beside the paired tests
-FIRST_STUDY = (REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS)
-EARLIER_START = "baseline-earlier-reward.json"  # the starting model as the earlier reward scored it
-real_suites(
-    "constraints", "constraints", *FIRST_STUDY, more=["task talk"], note=EARLIER, welch=True, baseline=EARLIER_START
-)
-real_suites("addition", "addition", *FIRST_STUDY, welch=True)
+# the first study's tables: each comparison by Welch's test too, as it was first read, beside the paired tests (its
+# constraints half, measured under an earlier reward, is retired: experiments/results/previous/retired/)
+real_suites("addition", "addition", REAL_ARMS, REAL_PAIRS, REAL_SWEEP_SEEDS, welch=True)
 PLAN = 'The plan of these runs: docs/results.md, "The second study", committed before them in d6a9b86.'
 real_suites("addition", "anchor", ANCHOR_ARMS, ANCHOR_PAIRS, STUDY_SWEEP_SEEDS, STUDY, True, ["phrasing"], PLAN)
 OFFPOLICY = (OFFPOLICY_ARMS, STUDY_OFFPOLICY_PAIRS, STUDY_SWEEP_SEEDS, STUDY)
@@ -373,17 +362,6 @@ HORIZON_ARMS = {
 HORIZON_SECTIONS = ("long", "real", "horizon", "signal", "phrasing", "answers")
 HORIZON = real("addition", HORIZON_ARMS, THIRD, earlier=tuple(HORIZON_ARMS))
 SUITES["horizon"] = one_real_suite("addition", HORIZON, HORIZON_SECTIONS, THIRD_PLAN, "valid", 128)
-
-# ---- instruction following again: the constraints task under the current reward, on its rebuilt pairs -------------
-# the pilot, before any plan: online DPO and GRPO (the policies that found the last way to score without doing the
-# task), one seed each at the first study's rates; every success is read for a new one (the report's hacks, successes)
-PILOT_NOTE = (
-    "A pilot, not a comparison: online DPO and GRPO at the rates the first study chose, one seed, scored by the "
-    "current reward; every success is listed below to be read for ways to score without doing the task."
-)
-PILOT_ARMS = {name: REAL_ARMS[name][:4] + ((0,),) for name in ("dpo online", "grpo online")}
-PILOT_SECTIONS = ("long", "real", "hacks", "answers", "successes")
-SUITES["constraints_pilot"] = one_real_suite("constraints", real("constraints", PILOT_ARMS), PILOT_SECTIONS, PILOT_NOTE)
 
 # ---- the instruction study (docs/results.md: its plan): the constraints task again, under the current reward ------
 INSTRUCTION = "instruction study: "  # its rates' keys: "constraints instruction study: <arm>"

@@ -574,7 +574,7 @@ def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_t
 @pytest.mark.parametrize(
     "suite, arm, split",
     [
-        ("constraints", "dpo offline", "test"),
+        ("instructions", "dpo offline", "test_heldout"),
         ("addition", "dpo offline", "test"),
         ("horizon", "grpo online, N = 1", "valid"),
     ],
@@ -584,7 +584,10 @@ def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path,
     column): each run's first answer to a prompt of each kind (constraint or phrasing, read from the split the suite
     is scored on: the horizon's validation prompts), its reward and `cut` where it did not finish."""
     task = suites.SUITES[suite].task
-    results, chosen = str(tmp_path), {f"{task} dpo offline": 5e-6, f"{task} {suites.STUDY}{arm}": 2e-5}
+    results, chosen = (
+        str(tmp_path),
+        {f"{task} {prefix}{arm}": 2e-5 for prefix in ("", suites.STUDY, suites.INSTRUCTION)},
+    )
     rows = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data(task, split)))]
     firsts = {}
     for row in rows:
@@ -598,7 +601,7 @@ def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path,
         fake_run(results, suite, arm, seed, [(last, 0.3)], quality=True, answers=answers)
     report.report(results, suite, configs)
     table = open(os.path.join(results, f"{suite}.md")).read()
-    prompts = dict(valid="validation").get(split, split)  # the tables name the prompts they were scored on
+    prompts = "validation" if split == "valid" else "test"  # the tables name the prompts they were scored on
     assert f"the first {prompts} prompt of each kind" in table and f"{prompts.capitalize()} success after" in table
     shown = [line for line in table.splitlines() if line.startswith("- ")]
     assert len(firsts) > 1 and len(shown) == len(firsts) * len(configs[0].seeds)
@@ -709,24 +712,6 @@ def test_paired_comparisons_match_runs_by_seed_and_bootstrap_over_prompts():
     assert 0.5 <= low <= 0.75 <= high <= 1.0 and low < high
 
 
-def test_the_task_talk_section_rescores_the_runs_answers_with_the_current_reward():
-    """Constraints: of a run's successes as scored, the share that talk about the task, and the current reward's
-    success on the same answers (a talking success fails it, a cut answer too)."""
-    test = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data("constraints", "test")))]
-    dog = next(r for r in test if r["constraint"] == "no_comma:" and r["topic"] == "a dog")
-    said = [
-        ("This sentence is about a dog and uses no commas at all.", 1.0, True),  # scored 1 by the earlier reward
-        ("The old dog sleeps quietly under the warm kitchen table.", 1.0, True),
-        ("The old dog sleeps quietly under the warm kitchen table.", 0.0, False),  # cut
-        ("Dog.", 0.0, True),
-    ]
-    answers = [dict(prompt=dog["prompt"], completion=c, reward=r, finished=f) for c, r, f in said]
-    rows = [dict(config="grpo online", seeds=1, reward=(0.5, math.nan), answers=[answers])]
-    ctx = types.SimpleNamespace(entry=suites.SUITES["constraints"])
-    assert "| grpo online | 1 | 0.500 | 0.500 | 0.250 |" in report.task_talk(rows, ctx)
-    assert "task talk" in ctx.entry.sections and "task talk" not in suites.SUITES["addition"].sections
-
-
 def test_the_instruction_study_sweeps_ten_arms_and_scores_them_on_the_test_and_held_out_prompts():
     """Its sweep: each arm at 1x, 4x and 16x the paper's rate, 2 seeds, on the 128 validation prompts; its comparison:
     the 384 test and held-out prompts, 8 seeds for DPO's and GRPO's offline + humanline and online arms, 5 for the
@@ -750,10 +735,10 @@ def test_the_instruction_study_sweeps_ten_arms_and_scores_them_on_the_test_and_h
     assert len(entry.pairs([])) == 7 and {"hacks", "phrasing", "paired"} <= set(entry.sections)
 
 
-def test_the_hacks_section_counts_each_way_to_score_in_the_successes_and_lists_every_success():
+def test_the_hacks_section_counts_each_way_to_score_in_the_successes():
     """Constraints: of a row's successes over its seeds (answers online policies wrote), the shares that talk about the
     task, say the asked word twice, double a word, and hold the commonest four words with the topic and asked word put
-    aside; a failed answer is not counted; every success is listed with its constraint and topic."""
+    aside, and the seed most held by its own; a failed answer is not counted."""
     test = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data("constraints", "test")))]
     ask = {(r["constraint"], r["topic"]): r["prompt"] for r in test}
     said = [
@@ -766,14 +751,12 @@ def test_the_hacks_section_counts_each_way_to_score_in_the_successes_and_lists_e
     assert all(key in ask for key, *_ in [((c, t),) for c, t, *_ in said])
     answers = [dict(prompt=ask[c, t], completion=text, reward=r, finished=True) for c, t, text, r in said]
     rows = [dict(config="dpo online", seeds=2, args=[{"seed": 0}, {"seed": 1}], answers=[answers[2:], answers[:2]])]
-    ctx = types.SimpleNamespace(entry=suites.SUITES["constraints_pilot"])
+    ctx = types.SimpleNamespace(entry=suites.SUITES["instructions"])
     lines = report.hacks(rows, ctx)
     # 4 successes: none talks, three say the word twice (not "Old ... older"), one doubles it, two share "_ _ are a":
     # both of seed 1's, where seed 0's two share no four words (half of them hold their commonest)
     assert "| dpo online | 2 | 4 | 0.000 | 0.750 | 0.250 | 0.500 (_ _ are a) | seed 1: 1.000 (_ _ are a) |" in lines
-    listed = report.successes(rows, ctx)
-    assert "- end:soft / a dog: 'A dog is soft and soft.'" in listed and len([x for x in listed if x[:2] == "- "]) == 4
-    assert {"hacks", "successes"} <= set(ctx.entry.sections)
+    assert "hacks" in ctx.entry.sections
 
 
 def test_the_signal_section_counts_steps_whose_every_group_tied_and_the_clamps_largest_step():
