@@ -418,21 +418,24 @@ def hacks(rows, ctx):
         "the seed whose own successes hold their commonest four words most, with that share:",
         "",
     ]
+
+    def win(a):  # a success as four_grams reads it: its text, its topic, its asked word
+        row = split[json.dumps(a["prompt"])]
+        return a["completion"], row["topic"], smollm2.asked_word(row["constraint"])
+
     shown = []
     for r in rows:
-        runs = [
-            [(a["completion"], split[json.dumps(a["prompt"])]) for a in run if a["reward"] == 1] for run in r["answers"]
-        ]
-        runs = [[(text, row["topic"], smollm2.asked_word(row["constraint"])) for text, row in won] for won in runs]
-        wins = [win for run in runs for win in run]
-        share = lambda says: f"{np.mean([says(*win) for win in wins]):.3f}" if wins else "–"  # noqa: E731
+        runs = [[win(a) for a in run if a["reward"] == 1] for run in r["answers"]]
+        wins = [w for run in runs for w in run]
+        share = lambda says: f"{np.mean([says(*w) for w in wins]):.3f}" if wins else "–"  # noqa: E731
         cells = [share(lambda t, *_: smollm2.talks_about_the_task(t))]
         cells += [share(lambda t, _, w: w is not None and smollm2.words(t).count(w) >= 2)]
         cells += [share(lambda t, *_: smollm2.DOUBLED.search(t) is not None)]
         gram, most = commonest(wins)
         cells += [f"{most:.3f} ({gram})"]
-        (most, gram), seed = max((commonest(run)[::-1], seed["seed"]) for run, seed in zip(runs, r["args"]))
-        cells += [f"seed {seed}: {most:.3f} ({gram})"]
+        by_seed = {seed["seed"]: commonest(run) for run, seed in zip(runs, r["args"])}
+        seed = max(by_seed, key=lambda s: by_seed[s][1])  # the first seed among equals
+        cells += [f"seed {seed}: {by_seed[seed][1]:.3f} ({by_seed[seed][0]})"]
         shown.append([r["config"], r["seeds"], len(wins), *cells])
     columns = "configuration | seeds | successes | talk about the task | asked word twice | a word doubled"
     return lines + table(columns + " | commonest four words | one seed's commonest", shown)

@@ -584,10 +584,8 @@ def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path,
     column): each run's first answer to a prompt of each kind (constraint or phrasing, read from the split the suite
     is scored on: the horizon's validation prompts), its reward and `cut` where it did not finish."""
     task = suites.SUITES[suite].task
-    results, chosen = (
-        str(tmp_path),
-        {f"{task} {prefix}{arm}": 2e-5 for prefix in ("", suites.STUDY, suites.INSTRUCTION)},
-    )
+    results = str(tmp_path)
+    chosen = {f"{task} {prefix}{arm}": 2e-5 for prefix in ("", suites.STUDY, suites.INSTRUCTION)}  # each study's key
     rows = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data(task, split)))]
     firsts = {}
     for row in rows:
