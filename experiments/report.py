@@ -15,6 +15,7 @@ import plots
 import runner
 import suites
 from stat_tests import EQUIVALENCE_MARGIN, mean_se, new_seed_range, paired, significance
+from studies import clean_success
 from suites import CELLS, MULTIPLES, SHARED_LR, SWEEP_SEEDS, paper_lr, rate_of
 
 EQUATION = re.compile(r"\d+\s*\+\s*\d+\s*=\s*-?\d")  # a written sum, "47 + 38 = 85"
@@ -568,13 +569,14 @@ SECTIONS = {
     "hacks": hacks,
     "phrasing": phrasing,
     "horizon": horizon,
-}
+} | clean_success.SECTIONS
 
 
 def report(results, suite, configs, mix_code=False, note=""):
     """Write `<suite>.md`, `<suite>.jsonl` and the plot from the suite's finished runs (its entry in suites.SUITES says
     which tables)."""
-    entry, runs = suites.SUITES[suite], runner.load_runs(results, suite)
+    entry = suites.SUITES[suite]
+    runs = runner.load_runs(results, entry.reads or suite)  # a re-scoring reads the archive of the suite it re-scores
     rows = summarize(runs, configs)
     if not rows:
         print(f"{suite}: no finished runs yet")
@@ -606,5 +608,6 @@ def report(results, suite, configs, mix_code=False, note=""):
     with open(os.path.join(results, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plots.plot(results, suite, entry, rows, entry.start())
+    if entry.plot:
+        plots.plot(results, suite, entry, rows, entry.start())
     return rows

@@ -56,7 +56,9 @@ def main():
     real = os.path.exists(os.path.join(runner.ROOT, suites.smollm2.MODEL))
     if suites.SUITES[chosen_suites[0]].task and not (real or args.report):
         parser.error("the model is not made yet: python experiments/smollm2.py model")
-    for suite in chosen_suites if not args.report else []:
+    for suite in (
+        [s for s in chosen_suites if not suites.SUITES[s].reads] if not args.report else []
+    ):  # re-scorings run none
         configs, chosen = configurations(results, args.quick)  # again for each suite: the sweep before it chose
         runner.run_suite(results, suite, suites.SUITES[suite], configs[suite], args.jobs, args.only)
     configs, chosen = configurations(results, args.quick)

@@ -409,10 +409,14 @@ def by_kind(task, rows, scores):
 
 def baseline(task, model=MODEL_DIR):
     """The starting model's greedy success and cut share on a task's validation and test prompts (the constraints'
-    test_heldout too), under the current reward: baseline.json."""
+    test_heldout too), under the current reward: baseline.json; and its answers to the last split, start_answers.jsonl
+    (what a trained run's answers are compared with)."""
     found, splits = {}, ("valid", "test") + ("test_heldout",) * (task == "constraints")
     for split, rows, texts, scores, finished in greedy(model, task, splits):
         success, cut = round(sum(scores) / len(scores), 4), round(1 - sum(finished) / len(finished), 4)
+        with open(os.path.join(ROOT, "experiments", "smollm2", task, "start_answers.jsonl"), "w") as f:
+            for row, text, score, done in zip(rows, texts, scores, finished):  # the last split's stay
+                f.write(json.dumps(dict(prompt=row["prompt"], completion=text, reward=score, finished=done)) + "\n")
         found[split] = {"success": success, "cut": cut, "prompts": len(rows), "by_kind": by_kind(task, rows, scores)}
         print(f"{task} {split}: success {success:.3f}, cut {cut:.3f}, by kind {found[split]['by_kind']}")
     with open(os.path.join(ROOT, "experiments", "smollm2", task, "baseline.json"), "w") as f:

@@ -233,6 +233,7 @@ class Suite:
     task: str = None  # the real model's task: runs only when named; its runs checkpoint and measure quality
     arms: tuple = None  # a real model's sweep: (the prefix of its rates' keys, its arms), for its table
     copies: str = None  # a suite whose runs of the same configuration and seed it copies before running its own
+    reads: str = None  # a suite whose archive it re-scores: it runs nothing of its own
 
 
 def toy_start(split):
@@ -391,3 +392,13 @@ def instructions(results, chosen, at_chosen_rates=SUITES["instructions"].runs):
 
 AMENDED_PLAN = INSTRUCTION_PLAN + " Its amendment, KTO online at 1.6e-4 (not 6.4e-4): committed before that arm's runs."
 SUITES["instructions"] = replace(SUITES["instructions"], runs=instructions, note=lambda results, chosen: AMENDED_PLAN)
+
+# ---- the clean-success study (docs/results.md: its plan): the instruction study's answers re-scored, one rule for all
+CLEAN_PLAN = 'The plan of this re-scoring: docs/results.md, "The clean-success study", committed before it in {}.'
+SUITES["instructions_clean"] = replace(
+    SUITES["instructions"],
+    reads="instructions",
+    sections=("clean", "clean tests", "topic mix", "blind read"),
+    plot=None,
+    note=lambda results, chosen: CLEAN_PLAN,
+)
