@@ -394,7 +394,7 @@ AMENDED_PLAN = INSTRUCTION_PLAN + " Its amendment, KTO online at 1.6e-4 (not 6.4
 SUITES["instructions"] = replace(SUITES["instructions"], runs=instructions, note=lambda results, chosen: AMENDED_PLAN)
 
 # ---- the clean-success study (docs/results.md: its plan): the instruction study's answers re-scored, one rule for all
-CLEAN_PLAN = 'The plan of this re-scoring: docs/results.md, "The clean-success study", committed before it in {}.'
+CLEAN_PLAN = 'The plan of this re-scoring: docs/results.md, "The clean-success study", committed before it in 8ad68d7.'
 SUITES["instructions_clean"] = replace(
     SUITES["instructions"],
     reads="instructions",
