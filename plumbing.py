@@ -12,6 +12,7 @@ passes it what it needs of its own (its Args and checks, its token_logps for the
 
 import hashlib
 import importlib
+import importlib.metadata
 import json
 import math
 import os
@@ -194,8 +195,8 @@ def stream_seed(seed, stream, *index):
 
 def provenance():
     """What ran, for args.json: the git commit, whether the code had uncommitted changes, a digest of the code and toy
-    task (every .py file beside this one, the scripts and the modules they import, and toy/SHA256SUMS) and the library
-    versions."""
+    task (every .py file beside this one, the scripts and the modules they import, and toy/SHA256SUMS) and the versions
+    of the libraries that decide a step (torch, transformers, datasets, numpy, scipy, peft)."""
     here = os.path.dirname(os.path.abspath(__file__))
     files = sorted(f for f in os.listdir(here) if f.endswith(".py")) + ["toy/SHA256SUMS"]
 
@@ -208,6 +209,11 @@ def provenance():
         commit, dirty = None, None
     code = b"".join(open(os.path.join(here, f), "rb").read() for f in files if os.path.exists(os.path.join(here, f)))
     versions = dict(torch=torch.__version__, transformers=transformers.__version__)
+    for name in ("datasets", "numpy", "scipy", "peft"):  # read from the installed metadata: nothing is imported
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
     return dict(commit=commit, dirty=dirty, code=hashlib.sha256(code).hexdigest()[:16], **versions)
 
 

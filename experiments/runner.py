@@ -15,6 +15,7 @@ the report reads and what is committed.
 import contextlib
 import glob
 import gzip
+import hashlib
 import io
 import itertools
 import json
@@ -115,6 +116,16 @@ def run_script(cmd, env, log_path, progress=None):
             time.sleep(1)
 
 
+def definition(suite, name, script, flags, seed):
+    """The digest of a run's definition: the files that define the suites (suites.py, studies/) and the run's own
+    configuration. A run's args.json records it beside the code and library versions the script records."""
+    files = [os.path.join(ROOT, "experiments", "suites.py")]
+    files += sorted(glob.glob(os.path.join(ROOT, "experiments", "studies", "*.py")))
+    digest = hashlib.sha256(b"".join(open(f, "rb").read() for f in files))
+    digest.update(json.dumps([suite, name, script, flags, seed]).encode())
+    return digest.hexdigest()[:16]
+
+
 def launch(results, suite, name, script, flags, seed, task=None):
     """One run, continued from its checkpoint where a real model's (`task`) was stopped; its seconds over attempts."""
     out = os.path.join(results, "runs", suite, run_key(name, seed))
@@ -155,6 +166,10 @@ def launch(results, suite, name, script, flags, seed, task=None):
         if file not in KEPT + ("log.txt", "quality.log") and not file.startswith(("eval_samples-step", "quality-step")):
             p = os.path.join(out, file)
             shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+    args = json.load(open(os.path.join(out, "args.json")))  # the suite's definition beside what the script recorded
+    args["suite"] = dict(name=suite, definition=definition(suite, name, script, flags, seed))
+    with open(os.path.join(out, "args.json"), "w") as f:
+        json.dump(args, f, indent=2)
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{seconds['wall']:.1f}\n")
     with open(os.path.join(out, "cpu_seconds"), "w") as f:  # last: its presence marks a complete folder

@@ -167,3 +167,30 @@ def test_wilson_interval_by_hand():
     lo, hi = cs.wilson(3, 10)
     assert (lo, hi) == pytest.approx((0.3555 - 0.2477, 0.3555 + 0.2477), abs=2e-4)
     assert all(x != x for x in cs.wilson(0, 0))  # no read: no interval
+
+
+def test_measured_keeps_the_chosen_seeds_and_prompts_and_scores_by_the_measure():
+    answers = [dict(prompt=p, reward=r, clean=c) for p, r, c in [("a", 1.0, 1.0), ("b", 1.0, 0.0), ("c", 0.0, 0.0)]]
+    row = dict(args=[{"seed": 0}, {"seed": 1}], answers=[answers, answers[:2]], rewards=[0.6, 1.0])
+    assert cs.measured(row, "reward")["rewards"] == pytest.approx([2 / 3, 1.0])
+    assert cs.measured(row, "clean")["rewards"] == pytest.approx([1 / 3, 0.5])
+    later = cs.measured(row, "clean", seeds=lambda seed: seed != 0, prompts=lambda a: a["prompt"] != "a")
+    assert later["args"] == [{"seed": 1}] and later["rewards"] == [0.0]
+    assert [a["reward"] for a in later["answers"][0]] == [0.0]  # the row's answers carry the measure as the reward
+
+
+def test_the_topic_mix_weighs_the_held_out_kinds_as_the_training_topics_prompts():
+    table = cs.prompt_rows()
+    kinds = {k: cs.smollm2.kind("constraints", row) for k, row in table.items()}
+    held = {k: cs.smollm2.held_out("constraints", row) for k, row in table.items()}
+    # success on every "include" prompt and no other: each kind's success is 1 or 0, so the weighted held-out
+    # success is the training topics' share of "include" prompts, whatever the held-out third's own mix
+    run = [dict(prompt=json.loads(k), reward=float(kinds[k] == "include")) for k in table]
+    rows = [dict(config="arm", seeds=1, answers=[run])]
+    trained = [kinds[k] == "include" for k in table if not held[k]]
+    raw = [kinds[k] == "include" for k in table if held[k]]
+    assert sum(raw) / len(raw) != pytest.approx(sum(trained) / len(trained), abs=0.01)  # the mixes differ
+    text = "\n".join(cs.mix_table(rows, None))
+    share = f"{sum(trained) / len(trained):.3f}"
+    assert f"| arm | 1 | {share} | {sum(raw) / len(raw):.3f} | {share} | +0.000 |" in text
+    assert "Lower on the held-out topics at the training mix: 0 of 1 arms." in text

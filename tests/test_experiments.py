@@ -498,7 +498,7 @@ def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_pat
         pytest.skip("not a git checkout with committed results")
     names = {"setup.md"} | {f"{s}{x}" for s in suites.SUITES for x in (".md", ".jsonl")}
     tables = [f for f in files if os.path.basename(f) in names]
-    real = [s for s, e in suites.SUITES.items() if e.task and f"experiments/results/{s}.tar.gz" in files]
+    real = [s for s, e in suites.SUITES.items() if e.task and f"experiments/results/{e.reads or s}.tar.gz" in files]
     assert len(tables) == 5 + 2 * len(real)  # the toy's 2 suites and setup.md, and each real-model suite run
     for f in set(files) - set(tables):  # the tables are left out: the report has to write them
         dest = tmp_path / os.path.relpath(f, "experiments/results")
@@ -896,6 +896,11 @@ def test_the_horizon_keeps_each_evaluations_answers_and_their_drift_and_draws_th
     )
     rows = report.summarize(runs, [config])
     assert rows[0]["drifts"] == [[(1, 1.5), (2, 2.5)]] * 2
+    recorded = [json.loads(runs[runner.run_key(config.name, seed)]["args.json"]) for seed in config.seeds]
+    assert [r["provenance"] for r in recorded] == [{"code": "a"}] * 2  # the script's record kept
+    definitions = [runner.definition("horizon", config.name, config.script, config.flags, s) for s in config.seeds]
+    assert [r["suite"] for r in recorded] == [dict(name="horizon", definition=d) for d in definitions]
+    assert definitions[0] != definitions[1]  # the digest names the run's own configuration, its seed included
     ctx = types.SimpleNamespace(entry=suites.SUITES["horizon"])
     table = "\n".join(report.horizon(rows, ctx))
     assert "| configuration | 1 | 2 |" in table

@@ -917,6 +917,10 @@ def test_args_json_records_the_code_that_ran(tmp_path, toy):
         and record["torch"] == torch.__version__
         and record["transformers"] == transformers.__version__
     )
+    import importlib.metadata
+
+    for name in ("datasets", "numpy", "scipy", "peft"):  # each library that decides a step, as installed
+        assert record[name] == importlib.metadata.version(name)
     git = lambda *a: subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
     if git("rev-parse", "HEAD"):  # a git checkout (not an unpacked archive)
         assert record["commit"] == git("rev-parse", "HEAD") and record["dirty"] == bool(

@@ -299,20 +299,25 @@ def read_table(rows, ctx):
 
     path = os.path.join(READ, "labels.jsonl")
     if not os.path.exists(path):
-        return ["", f"The blind read: {os.path.relpath(path, EXPERIMENTS)} is not written yet."]
+        return ["", "The blind read: experiments/results/instructions_read/labels.jsonl is not written yet."]
     key = {k["id"]: k for k in map(json.loads, open(os.path.join(READ, "key.jsonl")))}
     read = [key[x["id"]] | x for x in map(json.loads, open(path))]
     lines = ["", f"The blind read: {len(read)} successes drawn across every run (up to {PER_RUN} each), read shuffled"]
     lines += ["with the arm and seed hidden. Per arm, the share the reader would not count (95% Wilson interval)"]
-    lines += ["beside the share any rule fails:", ""]
+    lines += ["beside the share any rule fails, and the arm's success by the reward times the share the reader would"]
+    lines += ["count (a description: each seed's draw weighs alike, and the interval is the read's alone):", ""]
     shown = []
     for r in rows:
         mine = [x for x in read if x["arm"] == r["config"]]
         out = sum(not x["countable"] for x in mine)
         lo, hi = wilson(out, len(mine))
         ruled = np.mean([bool(x["rules"]) for x in mine]) if mine else float("nan")
-        shown.append([r["config"], len(mine), f"{out / max(len(mine), 1):.2f} ({lo:.2f}, {hi:.2f})", f"{ruled:.2f}"])
-    lines += report.table("arm | read | not countable (reader) | any rule", shown)
+        success = r["reward"][0]
+        counted = f"{success * (1 - out / len(mine)):.3f} ({success * (1 - hi):.3f}, {success * (1 - lo):.3f})"
+        share = f"{out / len(mine):.2f} ({lo:.2f}, {hi:.2f})"
+        shown.append([r["config"], len(mine), share, f"{ruled:.2f}", counted])
+    columns = "arm | read | not countable (reader) | any rule | success the reader would count"
+    lines += report.table(columns, shown)
     lines += ["", "Each rule against the reader's label for it (precision: of the successes it fails, the share the"]
     lines += ["reader labelled so; recall: of those the reader labelled so, the share it fails):", ""]
     shown = []
