@@ -455,6 +455,7 @@ def test_every_link_of_the_readme_and_the_docs_resolves_to_a_file_and_heading():
 
 def test_the_readme_is_a_five_minute_read():
     assert len(source("README.md").splitlines()) <= 250
+    assert len(source("README.md").split()) <= 1300  # words: what a reader can lose without a result is in docs/
 
 
 def test_the_readme_setup_is_the_one_the_runs_recorded():
