@@ -166,10 +166,13 @@ def launch(results, suite, name, script, flags, seed, task=None):
         if file not in KEPT + ("log.txt", "quality.log") and not file.startswith(("eval_samples-step", "quality-step")):
             p = os.path.join(out, file)
             shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
-    args = json.load(open(os.path.join(out, "args.json")))  # the suite's definition beside what the script recorded
-    args["suite"] = dict(name=suite, definition=definition(suite, name, script, flags, seed))
-    with open(os.path.join(out, "args.json"), "w") as f:
-        json.dump(args, f, indent=2)
+    recorded = os.path.join(out, "args.json")  # the suite's definition beside what the script recorded there
+    if os.path.exists(recorded):
+        args = json.load(open(recorded)) | {
+            "suite": dict(name=suite, definition=definition(suite, name, script, flags, seed))
+        }
+        with open(recorded, "w") as f:
+            json.dump(args, f, indent=2)
     with open(os.path.join(out, "wall_seconds"), "w") as f:
         f.write(f"{seconds['wall']:.1f}\n")
     with open(os.path.join(out, "cpu_seconds"), "w") as f:  # last: its presence marks a complete folder
