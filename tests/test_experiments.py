@@ -909,3 +909,16 @@ def test_the_horizon_keeps_each_evaluations_answers_and_their_drift_and_draws_th
         "| grpo online | 1 | 0.250 | 0.500 | 0.250 |" in table
         and "| grpo online | 0 | 0.500 | 0.500 | 0.000 |" in table
     )
+
+
+def test_the_clamp_pilot_samples_every_64_steps_and_syncs_every_16_or_24_with_either_setting():
+    configs = {c.name: c for c in suites.SUITES["clamp_pilot"].runs("no-results", {})}
+    assert len(configs) == 4 and all(c.seeds == (100,) and suites.rate_of(c.flags) == 2e-5 for c in configs.values())
+    for name, c in configs.items():
+        flag = lambda f: c.flags[c.flags.index(f) + 1]  # noqa: E731 (each flag given once)
+        assert flag("--sample_every") == "64" and flag("--max_steps") == "192" and flag("--eval_every") == "32"
+        assert "--humanline" in c.flags and flag("--sync_every") == name.split("k = ")[1][:2]
+        assert "valid.jsonl" in flag("--eval_prompts") and len([f for f in c.flags if f == "--beta"]) <= 1
+        authors = "authors' math settings" in name
+        assert flag("--logps_temperature") == "0.7" if authors else "--logps_temperature" not in c.flags
+        assert (flag("--beta"), flag("--eps")) == ("1e-4", "0.2") if authors else "--beta" not in c.flags
