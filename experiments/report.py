@@ -1,22 +1,22 @@
 """The report of a suite, from its runs' archive: its tables (`<suite>.md`, one line per configuration in
 `<suite>.jsonl`), with the statistics of stat_tests.py, and its plot (`<suite>.png`, when matplotlib is installed).
-What a suite's report holds is its entry in suites.py: `sections` names the tables below, in order.
+What a suite's report holds is its entry (its study's file in studies/): `sections` names the common tables below, in
+order, or holds the study's own.
 """
 
 import json
 import math
 import os
 import re
-from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
 import plots
 import runner
+import smollm2
 import suites
 from stat_tests import EQUIVALENCE_MARGIN, mean_se, new_seed_range, paired, significance
-from studies import clean_success
-from suites import CELLS, MULTIPLES, SHARED_LR, SWEEP_SEEDS, paper_lr, rate_of
+from suites import rate_of
 
 EQUATION = re.compile(r"\d+\s*\+\s*\d+\s*=\s*-?\d")  # a written sum, "47 + 38 = 85"
 
@@ -105,8 +105,10 @@ def code_versions(rows):
 def choose_rates(results):
     """variant -> its learning rate, chosen by suites.best_rates from the finished runs of every sweep suite. Keys: the
     toy's variants, "<task> <variant>" (a study's: "<task> <its prefix><arm>")."""
+    import studies
+
     chosen = {}
-    for suite, entry in suites.SUITES.items():
+    for suite, entry in studies.SUITES.items():
         if entry.chooses_rates:
             chosen |= suites.best_rates(entry.runs(results, {}), suites.final_rewards(results, suite))
     return chosen
@@ -238,88 +240,6 @@ def time_ratios(rows):
     return ["", *table("time ratio (medians over seeds) | wall | CPU | training loop", ratios)]
 
 
-def setup_table(rows):
-    """What each variant ran with, read from its runs' args.json (the README's setup table): every setting but the
-    learning rate, which the sweep varies and the other tables give per row, then the settings all variants share."""
-    runs = {}
-    for r in rows:
-        runs.setdefault(r["config"].rsplit(" lr ", 1)[0], []).extend(r["args"])
-
-    def value(args, key):  # one value, or all that occur
-        return ", ".join(sorted({json.dumps(a.get(key)).strip('"') for a in args}))
-
-    columns = "variant | batch | beta | max grad norm | sync | clamp (log bounds) | GRPO PPO eps | online samples"
-    found = []
-    for cell, args in runs.items():
-        v = lambda key: value(args, key)  # noqa: E731
-        online, grpo = v("online") == "true", cell.startswith("grpo")
-        samples = f"rounds of {v('round_size')} prompts x {v('num_samples')}, best vs worst"
-        samples = f"{v('num_generations')} per prompt, every step" if grpo else samples
-        sync = v("sync") + (", every " + v("sync_every") + " step(s)" if v("sync") != "none" else "")
-        clamp = v("clip") + (" [" + v("log_eps_P") + ", " + v("log_eps_R") + "]" if v("clip") != "none" else "")
-        found.append([cell, v("batch_size"), v("beta"), v("max_grad_norm"), sync, clamp, v("eps") if grpo else "–"])
-        found[-1] += [samples if online else "–", v("temperature") if online else "–"]
-    lines = table(columns + " | temperature", found)
-    every = [a for args in runs.values() for a in args]
-    lines += [
-        "",
-        f"All variants: {value(every, 'max_steps')} steps, AdamW (eps {value(every, 'adam_eps')}, weight decay "
-        f"{value(every, 'weight_decay')}), warmup {value(every, 'warmup_ratio')} of the steps, reference-free "
-        f"{value(every, 'ref_free')}, at most {value(every, 'max_new_tokens')} new tokens per sample.",
-    ]
-    return lines
-
-
-def sweep_cell(c, bold):
-    """A sweep's cell: the mean validation reward, in bold at the chosen rate, (n=) while seeds are missing."""
-    if not c:
-        return ""
-    if bold:
-        return f"**{fmt(c['reward'])}**"
-    return fmt(c["reward"]) + ("" if c["seeds"] == len(SWEEP_SEEDS) else f" (n={c['seeds']})")
-
-
-def sweep_tables(rows, configs, start):
-    at, chosen = at_rates(configs, rows), best_rates(configs, rows)
-    lines = [
-        "Mean reward on the 256 validation prompts (3 seeds, ± standard error) at each learning rate, as a multiple of "
-        f"the paper's rate for that variant (its Table 3); the chosen rate has the highest mean. The starting policy "
-        f"scores {start:.3f} on these prompts.",
-        "",
-    ]
-    found = []
-    for cell, _, _ in CELLS:
-        rates = [f"{m * paper_lr(cell):g}" for m in MULTIPLES]
-        best = rates.index(f"{chosen[cell]:g}") if cell in chosen else None
-        shown = [sweep_cell(at.get((cell, rate)), i == best) for i, rate in enumerate(rates)]
-        found.append([cell, f"{paper_lr(cell):g}", *shown, rates[best] if cell in chosen else "not yet"])
-    lines += table("variant | paper's rate | " + " | ".join(f"{m:g}x" for m in MULTIPLES) + " | chosen", found)
-    lines += [
-        "",
-        f"The same runs at one rate shared by every variant, {SHARED_LR:g} (the scripts' default), next to each "
-        "variant's chosen rate (validation reward):",
-        "",
-    ]
-    found = []
-    for cell, _, _ in CELLS:
-        shared = at.get((cell, f"{SHARED_LR:g}"))
-        best = at.get((cell, f"{chosen[cell]:g}")) if cell in chosen else None
-        at_best = fmt(best["reward"]) + f" ({chosen[cell]:g})" if best else ""
-        found.append([cell, fmt(shared["reward"]) if shared else "", at_best])
-    lines += table("variant | at the shared rate | at its chosen rate", found)
-    lines += [
-        "",
-        "The mechanism, offline: at each rate the validation reward, the DPO/KTO reward margin (GRPO: mean |token "
-        "log-ratio| to the reference) and the fraction of tokens outside [-1.5, 1.5], both averaged over training:",
-        "",
-    ]
-    offline = [(cell, m * paper_lr(cell)) for cell, _, _ in CELLS if "offline" in cell for m in MULTIPLES]
-    offline = [(cell, lr, at.get((cell, f"{lr:g}"))) for cell, lr in offline]
-    shown = [("reward", 3), ("margin", 3), ("abs_log_ratio", 4), ("clamped_frac", 4)]  # (each row's key, its digits)
-    found = [[cell, f"{lr:g}", *(fmt(r[k], d) for k, d in shown)] for cell, lr, r in offline if r]
-    return lines + table("variant | lr | reward | margin | mean abs log-ratio | clamped frac", found)
-
-
 # ---- the report ------------------------------------------------------------------------------------------------------
 def real_sweep_table(rows, ctx):
     """A real model's sweep: validation success (and cut share) at each rate, x the paper's, and the rate chosen."""
@@ -371,7 +291,7 @@ def test_rows(task):
     constraint and topic, or answer), by the prompt."""
     rows = {}
     for split in ("valid", "test", "test_heldout"):  # a suite scored on validation prompts (the horizon's) reads them
-        path = os.path.join(runner.ROOT, suites.smollm2.data(task, split))
+        path = os.path.join(runner.ROOT, smollm2.data(task, split))
         rows |= {json.dumps(row["prompt"]): row for row in map(json.loads, open(path))} if os.path.exists(path) else {}
     return rows
 
@@ -390,7 +310,7 @@ def answers(rows, ctx):
         for seed, answered in zip(r["args"], r["answers"]):
             first = {}
             for a in answered:
-                first.setdefault(suites.smollm2.kind(ctx.entry.task, split[json.dumps(a["prompt"])]), a)
+                first.setdefault(smollm2.kind(ctx.entry.task, split[json.dumps(a["prompt"])]), a)
             lines += ["", f"**{r['config']}, seed {seed['seed']}**", ""]
             for a in first.values():
                 said = a["completion"].strip().replace("\n", " ").replace("|", "/")
@@ -398,48 +318,6 @@ def answers(rows, ctx):
                     f"- {a['prompt'][-1]['content']} → {said!r} ({a['reward']:.0f}{', cut' * (not a['finished'])})"
                 )
     return lines
-
-
-def commonest(wins):
-    """The four words (smollm2.four_grams) most of these successes hold, the first in order among equals, and the
-    share that holds them."""
-    counts = Counter(g for win in wins for g in suites.smollm2.four_grams(*win))
-    common = sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:1] or [("–", 0)]
-    return common[0][0], common[0][1] / max(len(wins), 1)
-
-
-def hacks(rows, ctx):
-    """Constraints: of each row's successes (its seeds' pooled), the shares that talk about the task, say the asked
-    word twice, double a word ("soft and soft"), and hold the row's commonest four words (a template: smollm2's); and
-    the run whose successes hold their own commonest four words most (one seed's template, which pooling hides)."""
-    split, smollm2 = test_rows(ctx.entry.task), suites.smollm2
-    lines = ["", "Of each row's successes (all seeds), the shares that talk about the task, say the asked word twice,"]
-    lines += [
-        'double a word ("soft and soft") and hold its commonest four words ("_": the topic or the asked word), and',
-        "the seed whose own successes hold their commonest four words most, with that share:",
-        "",
-    ]
-
-    def win(a):  # a success as four_grams reads it: its text, its topic, its asked word
-        row = split[json.dumps(a["prompt"])]
-        return a["completion"], row["topic"], smollm2.asked_word(row["constraint"])
-
-    shown = []
-    for r in rows:
-        runs = [[win(a) for a in run if a["reward"] == 1] for run in r["answers"]]
-        wins = [w for run in runs for w in run]
-        share = lambda says: f"{np.mean([says(*w) for w in wins]):.3f}" if wins else "–"  # noqa: E731
-        cells = [share(lambda t, *_: smollm2.talks_about_the_task(t))]
-        cells += [share(lambda t, _, w: w is not None and smollm2.words(t).count(w) >= 2)]
-        cells += [share(lambda t, *_: smollm2.DOUBLED.search(t) is not None)]
-        gram, most = commonest(wins)
-        cells += [f"{most:.3f} ({gram})"]
-        by_seed = {seed["seed"]: commonest(run) for run, seed in zip(runs, r["args"])}
-        seed = max(by_seed, key=lambda s: by_seed[s][1])  # the first seed among equals
-        cells += [f"seed {seed}: {by_seed[seed][1]:.3f} ({by_seed[seed][0]})"]
-        shown.append([r["config"], r["seeds"], len(wins), *cells])
-    columns = "configuration | seeds | successes | talk about the task | asked word twice | a word doubled"
-    return lines + table(columns + " | commonest four words | one seed's commonest", shown)
 
 
 def signal(rows, ctx):
@@ -466,7 +344,7 @@ def phrasing(rows, ctx):
     kind apart (paired, Holm over the comparisons within the kind)."""
     task, split, addition = ctx.entry.task, test_rows(ctx.entry.task), ctx.entry.task == "addition"
     # an answer not in the split (a test's) holds its prompt, all that addition's kind reads
-    held_out = lambda a: suites.smollm2.held_out(task, split.get(json.dumps(a["prompt"]), a))  # noqa: E731
+    held_out = lambda a: smollm2.held_out(task, split.get(json.dumps(a["prompt"]), a))  # noqa: E731
     names = ["training phrasings", "held-out phrasing"] if addition else ["training topics", "held-out topics"]
     parts = {names[0]: lambda a: not held_out(a), names[1]: held_out}
     parts = {p: keep for p, keep in parts.items() if any(keep(a) for r in rows for run in r["answers"] for a in run)}
@@ -521,36 +399,6 @@ def phrasing(rows, ctx):
     return lines + table("comparison | " + " | ".join(parts), [[a["comparison"], cell(a), cell(b)] for a, b in found])
 
 
-def horizon(rows, ctx):
-    """Each arm's validation success and drift (its answers' perplexity under the starting model) at each evaluation,
-    and per seed its last success against its best (the plan's collapse rule reads them)."""
-    steps = sorted({s for r in rows for c in r["curves"] for s, _, _ in c})
-    at = lambda series, step: [v for run in series for s, v, *_ in run if s == step]  # noqa: E731
-    lines = ["", f"Validation success at each evaluation (the starting model's: {ctx.entry.start():.3f}) and, in"]
-    lines += ["brackets, the drift (the answers' perplexity under the starting model); mean ± standard error over"]
-    lines += ["seeds:", ""]
-    cell = lambda r, s: f"{fmt(mean_se(at(r['curves'], s)))} ({fmt(mean_se(at(r.get('drifts', []), s)), 2)})"  # noqa: E731
-    lines += table(
-        "configuration | " + " | ".join(map(str, steps)), [[r["config"]] + [cell(r, s) for s in steps] for r in rows]
-    )
-    lines += ["", "Each seed's last success, its best evaluation, and the fall from that best:", ""]
-    shown = []
-    for r in rows:
-        for seed, curve in zip(r["args"], r["curves"]):
-            last, best = curve[-1][1], max(v for _, v, _ in curve)
-            shown.append([r["config"], seed["seed"], f"{last:.3f}", f"{best:.3f}", f"{best - last:.3f}"])
-    return lines + table("configuration | seed | last | best | fall", shown)
-
-
-def settings(rows, ctx):
-    """What each variant ran with; the sweep's is also the README's setup table (the other suites change only the
-    learning rate and evaluation)."""
-    if ctx.entry.chooses_rates:
-        with open(os.path.join(ctx.results, "setup.md"), "w") as f:
-            f.write("\n".join(setup_table(rows)) + "\n")
-    return ["", "The settings of each variant, from its runs' args.json:", ""] + setup_table(rows)
-
-
 SECTIONS = {
     "long": lambda rows, ctx: long_table(rows, ctx.entry.held_out),
     "tests": lambda rows, ctx: tests_table(
@@ -560,22 +408,20 @@ SECTIONS = {
         paired(rows, ctx.entry.pairs(ctx.names), ctx.entry.margin), ctx.entry.margin
     ),
     "time": lambda rows, ctx: time_ratios(rows),
-    "settings": settings,
-    "sweep": lambda rows, ctx: sweep_tables(rows, ctx.configs, suites.toy_start("valid")),
     "real sweep": real_sweep_table,
     "real": real_table,
     "answers": answers,
     "signal": signal,
-    "hacks": hacks,
     "phrasing": phrasing,
-    "horizon": horizon,
-} | clean_success.SECTIONS
+}
 
 
 def report(results, suite, configs, mix_code=False, note=""):
     """Write `<suite>.md`, `<suite>.jsonl` and the plot from the suite's finished runs (its entry in suites.SUITES says
     which tables)."""
-    entry = suites.SUITES[suite]
+    import studies
+
+    entry = studies.SUITES[suite]
     runs = runner.load_runs(results, entry.reads or suite)  # a re-scoring reads the archive of the suite it re-scores
     rows = summarize(runs, configs)
     if not rows:
@@ -604,7 +450,7 @@ def report(results, suite, configs, mix_code=False, note=""):
         lines += [f"Ended before their last step, a whole pass of prompts giving no batch: {', '.join(early)}.", ""]
     ctx = SimpleNamespace(entry=entry, results=results, configs=configs, names=[r["config"] for r in rows])
     for section in entry.sections:
-        lines += SECTIONS[section](rows, ctx)
+        lines += (SECTIONS[section] if isinstance(section, str) else section)(rows, ctx)
     with open(os.path.join(results, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

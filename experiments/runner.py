@@ -12,6 +12,7 @@ with --keep_every_eval each evaluation's answers and quality (-step<N>); the wei
 the report reads and what is committed.
 """
 
+import argparse
 import contextlib
 import glob
 import gzip
@@ -20,6 +21,7 @@ import io
 import itertools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,7 +29,8 @@ import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from smollm2 import ROOT  # defined there once: the scripts load smollm2.py on its own, as experiments.smollm2
+
 KEPT = ("metrics.jsonl", "args.json", "eval_samples.jsonl", "quality.json")  # of a run's folder, once finished
 PROGRESS_EVERY = 60  # seconds between two writes of a running attempt's time
 
@@ -61,10 +64,12 @@ def load_runs(results, suite):
 
 
 def pack(results, suite):
-    """Write every finished run of a suite into `<suite>.tar.gz` (byte-stable: sorted, no times), remove the folders."""
-    runs = load_runs(results, suite)
-    if not runs:
+    """Write every finished run of a suite into `<suite>.tar.gz` (byte-stable: sorted, no times), remove the folders
+    (with none finished since the last pack, the archive is left as it is)."""
+    live = os.path.join(results, "runs", suite)
+    if not any(os.path.exists(p) for p in glob.glob(os.path.join(glob.escape(live), "*", "*", "cpu_seconds"))):
         return
+    runs = load_runs(results, suite)
     archive = os.path.join(results, f"{suite}.tar.gz")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -121,14 +126,21 @@ def definition(suite, name, script, flags, seed):
     configuration. A run's args.json records it beside the code and library versions the script records."""
     files = [os.path.join(ROOT, "experiments", "suites.py")]
     files += sorted(glob.glob(os.path.join(ROOT, "experiments", "studies", "*.py")))
-    digest = hashlib.sha256(b"".join(open(f, "rb").read() for f in files))
+    digest = hashlib.sha256()
+    for file in files:
+        with open(file, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
     digest.update(json.dumps([suite, name, script, flags, seed]).encode())
     return digest.hexdigest()[:16]
 
 
-def launch(results, suite, name, script, flags, seed, task=None):
-    """One run, continued from its checkpoint where a real model's (`task`) was stopped; its seconds over attempts."""
-    out = os.path.join(results, "runs", suite, run_key(name, seed))
+def folder(results, suite, name, seed):
+    return os.path.join(results, "runs", suite, run_key(name, seed))
+
+
+def launch(out, suite, name, script, flags, seed, task=None):
+    """One run in its folder `out`, continued from its checkpoint where a real model's (`task`) was stopped; its
+    seconds over attempts; then what the archive keeps of it."""
     save_every = 4 if task else 0  # a real model's run (up to an hour) keeps a checkpoint every 4 steps
     cmd = [sys.executable, os.path.join(ROOT, script), *flags, "--seed", str(seed), "--output_dir", out]
     cmd += ["--save_every", str(save_every)]
@@ -196,19 +208,26 @@ def copy_runs(results, source, suite, configs):
                         f.write(run[name])
 
 
-def run_suite(results, suite, entry, configs, jobs, only=""):
-    """Every unfinished run of a suite's configurations (those whose name contains `only`), `jobs` at a time; first,
-    those another suite ran already (`entry.copies`) copied from it."""
+def pending(results, suite, entry, configs, only=""):
+    """(name, script, flags, seed) of every unfinished run of a suite's configurations (those whose name contains
+    `only`), seed by seed (a suite stopped part-way is paired); first, those another suite ran already
+    (`entry.copies`) copied from it."""
     if entry.copies:
         copy_runs(results, entry.copies, suite, configs)
     runs = load_runs(results, suite)
-    seeds = sorted({seed for c in configs for seed in c.seeds})  # seed by seed: a suite stopped part-way is paired
+    seeds = sorted({seed for c in configs for seed in c.seeds})
     todo = [(c.name, c.script, c.flags, s) for s in seeds for c in configs if only in c.name and s in c.seeds]
-    todo = [run for run in todo if not finished(runs.get(run_key(run[0], run[3])), max_steps_of(run[2]))]
+    return [run for run in todo if not finished(runs.get(run_key(run[0], run[3])), max_steps_of(run[2]))]
+
+
+def run_suite(results, suite, entry, configs, jobs, only=""):
+    """Every pending run of a suite, `jobs` at a time, packed into its archive as they finish."""
+    todo = pending(results, suite, entry, configs, only)
     print(f"{suite}: {len(todo)} runs to do", flush=True)
     pool = ThreadPoolExecutor(jobs)
     try:  # as each run ends, not in order: a run that fails or is stopped ends the suite at once
-        ended = as_completed([pool.submit(launch, results, suite, *run, task=entry.task) for run in todo])
+        out = [folder(results, suite, name, seed) for name, _, _, seed in todo]
+        ended = as_completed([pool.submit(launch, o, suite, *run, task=entry.task) for o, run in zip(out, todo)])
         for i, run in enumerate(ended):
             run.result()
             print(f"  {suite}: {i + 1}/{len(todo)} done", flush=True)
@@ -217,6 +236,15 @@ def run_suite(results, suite, entry, configs, jobs, only=""):
     finally:  # a run failed or was stopped: the queued runs do not start, the finished ones are packed
         pool.shutdown(cancel_futures=True)
         pack(results, suite)
+
+
+def command(results, suite, name, script, flags, seed, task=None):
+    """One pending run as a line any scheduler runs (a Slurm array, GNU parallel, `xargs -P`), from any folder, with
+    one CPU thread: main() below, which runs it as run_suite would (launch)."""
+    python = "python" if shutil.which("python") == sys.executable else sys.executable
+    words = [python, os.path.join(ROOT, "experiments", "runner.py"), "--suite", suite, "--config", name]
+    words += ["--task", task] * bool(task) + ["--seed", str(seed), "--output_dir", folder(results, suite, name, seed)]
+    return "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 " + shlex.join([*words, script, *flags])
 
 
 # ---- --quick: every code path of every suite, for 2 steps ------------------------------------------------------------
@@ -259,3 +287,20 @@ def strip(flags, name):
         i = flags.index(name)
         return flags[:i] + flags[i + 2 :]
     return flags
+
+
+def main():
+    parser = argparse.ArgumentParser(description="One run of a suite, as `experiments/run.py --commands` prints it.")
+    parser.add_argument("--suite", required=True, help="the suite the run belongs to (its archive packs it)")
+    parser.add_argument("--config", required=True, help="the configuration's name")
+    parser.add_argument("--task", default=None, help="a real model's task: a checkpoint every 4 steps, quality.json")
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--output_dir", required=True, help="the run's folder: <results>/runs/<suite>/<config>/seed<N>")
+    parser.add_argument("script", help="the training script, then its flags")
+    parser.add_argument("flags", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    launch(args.output_dir, args.suite, args.config, args.script, args.flags, args.seed, args.task)
+
+
+if __name__ == "__main__":
+    main()

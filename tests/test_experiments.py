@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -22,7 +23,9 @@ import report  # noqa: E402
 import run  # noqa: E402
 import runner  # noqa: E402
 import stat_tests  # noqa: E402
+import studies  # noqa: E402
 import suites  # noqa: E402
+from studies import first_study, instruction_study, second_study, third_study, toy  # noqa: E402
 
 
 def test_holm_by_hand():
@@ -87,8 +90,8 @@ def fake_run(results, suite, name, seed, rewards_by_step, wall=10.0, cpu=None, c
 
 
 def dpo_main(results):
-    chosen = {cell: suites.paper_lr(cell) for cell, _, _ in suites.CELLS}
-    return [c for c in suites.SUITES["main"].runs(results, chosen) if c[0].startswith("dpo")]
+    chosen = {cell: suites.paper_lr(cell) for cell, _, _ in toy.CELLS}
+    return [c for c in studies.SUITES["main"].runs(results, chosen) if c[0].startswith("dpo")]
 
 
 def test_summary_and_significance_on_known_runs(tmp_path):
@@ -108,7 +111,7 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     off = rows["dpo offline"]
     assert off["seeds"] == 5 and off["reward"][0] == pytest.approx(0.5)
     assert off["reward"][1] == pytest.approx(stats.sem(finals["dpo offline"]))
-    tests = {t["comparison"]: t for t in stat_tests.significance(list(rows.values()), suites.main_pairs([]))}
+    tests = {t["comparison"]: t for t in stat_tests.significance(list(rows.values()), toy.main_pairs([]))}
     assert len(tests) == 3  # KTO and GRPO have no runs here
     p = {
         k: stats.ttest_ind(finals[a], finals[b], equal_var=False).pvalue
@@ -196,11 +199,11 @@ def test_a_table_refuses_runs_of_two_code_versions(tmp_path):
 
 def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_is_complete(tmp_path):
     results = str(tmp_path)
-    sweep = [c for c in suites.SUITES["sweep"].runs(results, {}) if c[0].startswith("dpo offline lr")]
+    sweep = [c for c in studies.SUITES["sweep"].runs(results, {}) if c[0].startswith("dpo offline lr")]
     assert [suites.rate_of(c[2]) for c in sweep] == pytest.approx(
         [1.25e-6, 2.5e-6, 5e-6, 1e-5, 2e-5]
     )  # 0.25x-4x of 5e-6
-    assert all("toy:valid" in c[2] for c in sweep) and all(c[3] == suites.SWEEP_SEEDS for c in sweep)
+    assert all("toy:valid" in c[2] for c in sweep) and all(c[3] == toy.SWEEP_SEEDS for c in sweep)
     means = [0.80, 0.84, 0.85, 0.86, 0.70]  # 1e-5 is best on average, though one seed of 5e-6 is the best single run
     for (name, _, flags, seeds, *_), mean in zip(sweep, means):
         for i, seed in enumerate(seeds):
@@ -224,7 +227,7 @@ def test_the_rate_with_the_best_mean_validation_reward_is_chosen_once_the_sweep_
         os.path.join(results, "runs", "sweep", runner.run_key(sweep[0][0], sweep[0][3][0]), "cpu_seconds")
     )  # unfinished
     assert report.choose_rates(results) == {}
-    main = {c[0]: c for c in suites.SUITES["main"].runs(results, {"dpo offline": 1e-5})}
+    main = {c[0]: c for c in studies.SUITES["main"].runs(results, {"dpo offline": 1e-5})}
     assert (
         list(main) == ["dpo offline"]
         and suites.rate_of(main["dpo offline"][2]) == 1e-5
@@ -320,13 +323,13 @@ def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_pa
         return 0, 10.0 * len(calls)  # 10, then 30 CPU seconds
 
     monkeypatch.setattr(runner, "run_script", fake_script)
+    out = runner.folder(results, "addition", "dpo offline", 0)
     for attempt, ends, says in ((1, SystemExit, "stopped"), (2, MachineStopped, None)):
         with pytest.raises(ends, match=says):
-            runner.launch(results, "addition", "dpo offline", "dpo_humanline.py", flags, 0, task="addition")
+            runner.launch(out, "addition", "dpo offline", "dpo_humanline.py", flags, 0, task="addition")
         assert ("--resume" in calls[-1]) == (attempt == 2)
-    out = os.path.join(results, "runs", "addition", runner.run_key("dpo offline", 0))
     assert calls[0][calls[0].index("--save_every") + 1] == "4" and not os.path.exists(os.path.join(out, "cpu_seconds"))
-    runner.launch(results, "addition", "dpo offline", "dpo_humanline.py", flags, 0, task="addition")
+    runner.launch(out, "addition", "dpo offline", "dpo_humanline.py", flags, 0, task="addition")
     assert "--resume" in calls[2] and "quality" in calls[3] and not os.path.exists(os.path.join(out, "checkpoint-12"))
     assert open(os.path.join(out, "cpu_seconds")).read() == "60.0\n"  # 10 + 20 + 30: every attempt's
     assert open(os.path.join(out, "wall_seconds")).read() == "300.0\n"  # 100 s each
@@ -344,7 +347,9 @@ def test_a_real_models_run_that_was_stopped_continues_from_its_checkpoint(tmp_pa
     calls.clear()
     for _ in range(2):  # the toy's runs (seconds each) keep no checkpoint: a stopped one starts over
         with pytest.raises(SystemExit, match="stopped"):
-            runner.launch(results, "main", "dpo offline", "dpo_humanline.py", flags, 1)
+            runner.launch(
+                runner.folder(results, "main", "dpo offline", 1), "main", "dpo offline", "dpo_humanline.py", flags, 1
+            )
     assert [c[c.index("--save_every") + 1] for c in calls] == ["0", "0"] and not any("--resume" in c for c in calls)
 
 
@@ -422,11 +427,11 @@ def test_quick_exercises_every_configuration(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["run.py", "--quick", "--results", str(tmp_path)])
     run.main()
     quick = os.path.join(str(tmp_path), "quick")
-    toy = lambda configs: {s: c for s, c in configs.items() if not suites.SUITES[s].task}  # noqa: E731
+    toy = lambda configs: {s: c for s, c in configs.items() if not studies.SUITES[s].task}  # noqa: E731
     chosen = run.configurations(quick, quick=True)[1]
     full = {  # the real model's suites run only when named (and made): the toy's are every suite's code path
         (suite, name): runner.shape(script, flags)
-        for suite, configs in toy({s: e.runs(quick, chosen) for s, e in suites.SUITES.items()}).items()
+        for suite, configs in toy({s: e.runs(quick, chosen) for s, e in studies.SUITES.items()}).items()
         for name, script, flags, *_ in configs
     }
     assert not any(os.path.exists(os.path.join(quick, f"{task}.md")) for task in suites.smollm2.TASKS)
@@ -475,8 +480,36 @@ def test_the_stated_starting_reward_is_the_scripts_step_0_evaluation(tmp_path):
     finally:
         signal.signal(signal.SIGTERM, handler)
     step0 = json.loads(open(tmp_path / "metrics.jsonl").readline())
-    assert step0["step"] == 0 and step0["eval/reward"] == pytest.approx(suites.toy_start("valid"), abs=1e-9)
-    assert suites.toy_start("test") == pytest.approx(0.6883, abs=1e-4) != pytest.approx(step0["eval/reward"], abs=1e-4)
+    assert step0["step"] == 0 and step0["eval/reward"] == pytest.approx(toy.toy_start("valid"), abs=1e-9)
+    assert toy.toy_start("test") == pytest.approx(0.6883, abs=1e-4) != pytest.approx(step0["eval/reward"], abs=1e-4)
+
+
+def test_the_verdicts_read_the_holm_corrected_p_values_at_5_percent():
+    """Three comparisons: Holm over p (0.01, 0.04, 0.5) gives 0.03, 0.08, 0.5 and over the TOST's (0.5, 0.01, 0.3)
+    0.6, 0.03, 0.6: a difference where the first is under 5% (its sign the difference's), else equivalence where the
+    second is, else not decided; the margin is the one the test was given."""
+    tests = [dict(p=0.01, p_tost=0.5, diff=-0.1), dict(p=0.04, p_tost=0.01, diff=0.02), dict(p=0.5, p_tost=0.3, diff=0)]
+    found = stat_tests.verdicts(tests, margin=0.05)
+    assert [t["p_holm"] for t in found] == pytest.approx([0.03, 0.08, 0.5])
+    assert [t["p_tost_holm"] for t in found] == pytest.approx([0.6, 0.03, 0.6])
+    assert [t["verdict"] for t in found] == ["lower", "equivalent (within ±0.05)", "not decided"]
+    assert stat_tests.verdicts([dict(p=0.049, p_tost=0.001, diff=0.2)], 0.01)[0]["verdict"] == "higher"
+
+
+def test_the_detectable_difference_is_at_the_level_holm_holds_each_paired_test_to():
+    """Paired comparisons ranked by p: the smallest p's detectable difference at 5% / 3, the next at 5% / 2, the last
+    at 5% (Holm's step-down levels), each from its own seeds' spread; the TOST's p Holm-corrected like the test's."""
+    diffs = {"a": [0.30, 0.32, 0.31, 0.29], "b": [0.10, 0.20, 0.05, 0.15], "c": [0.0, 0.1, -0.1, 0.05]}
+    rows = [dict(config="base", args=[{"seed": s} for s in range(4)], rewards=[0.0] * 4, answers=[[]] * 4)]
+    rows += [
+        dict(config=n, args=[{"seed": s} for s in range(4)], rewards=d, answers=[[]] * 4) for n, d in diffs.items()
+    ]
+    tests = stat_tests.paired(rows, [(n, "base") for n in diffs], margin=0.05, resamples=0)
+    assert [t["comparison"] for t in sorted(tests, key=lambda t: t["p"])] == ["a vs base", "b vs base", "c vs base"]
+    for t, level in zip(tests, (0.05 / 3, 0.05 / 2, 0.05)):
+        se = stats.sem(diffs[t["a"]])
+        assert t["detectable"] == pytest.approx((stats.t.ppf(1 - level / 2, 3) + stats.t.ppf(0.8, 3)) * se)
+    assert [t["p_tost_holm"] for t in tests] == pytest.approx(list(stat_tests.holm([t["p_tost"] for t in tests])))
 
 
 def test_new_seed_range_by_hand():
@@ -496,9 +529,9 @@ def test_report_remakes_the_committed_tables_from_the_committed_archives(tmp_pat
     files = [f for f in tracked.stdout.split() if not re.search("/(previous|superseded|partial)/", f)]
     if not any(f.endswith(".tar.gz") for f in files):
         pytest.skip("not a git checkout with committed results")
-    names = {"setup.md"} | {f"{s}{x}" for s in suites.SUITES for x in (".md", ".jsonl")}
+    names = {"setup.md"} | {f"{s}{x}" for s in studies.SUITES for x in (".md", ".jsonl")}
     tables = [f for f in files if os.path.basename(f) in names]
-    real = [s for s, e in suites.SUITES.items() if e.task and f"experiments/results/{e.reads or s}.tar.gz" in files]
+    real = [s for s, e in studies.SUITES.items() if e.task and f"experiments/results/{e.reads or s}.tar.gz" in files]
     assert len(tables) == 5 + 2 * len(real)  # the toy's 2 suites and setup.md, and each real-model suite run
     for f in set(files) - set(tables):  # the tables are left out: the report has to write them
         dest = tmp_path / os.path.relpath(f, "experiments/results")
@@ -524,7 +557,7 @@ def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_t
     <task>: each at its chosen rate, 5 seeds (KTO 3), on the 256 test prompts; the report's tests use the ±0.05 margin
     and give each row's success after, the share of its answers cut off, and their quality beyond the reward."""
     results = str(tmp_path)
-    sweep = suites.SUITES["addition_sweep"].runs(results, {})
+    sweep = studies.SUITES["addition_sweep"].runs(results, {})
     valid = "experiments/smollm2/addition/valid.jsonl"
     assert len(sweep) == 27 and all(c.seeds == (100,) and valid in c.flags for c in sweep)
     dpo = [c for c in sweep if c.name.startswith("addition dpo offline lr")]
@@ -532,8 +565,8 @@ def test_the_real_models_suites_choose_a_rate_on_validation_and_compare_on_the_t
     for c, reward in zip(dpo, (0.30, 0.45, 0.20)):
         fake_run(results, "addition_sweep", c.name, c.seeds[0], [(32, reward)], quality=True)
     assert report.choose_rates(results) == {"addition dpo offline": 2e-5}
-    chosen = {f"addition {cell}": 1e-5 for cell in suites.REAL_ARMS}
-    main = {c.name: c for c in suites.SUITES["addition"].runs(results, chosen)}
+    chosen = {f"addition {cell}": 1e-5 for cell in first_study.ARMS}
+    main = {c.name: c for c in studies.SUITES["addition"].runs(results, chosen)}
     test = "experiments/smollm2/addition/test.jsonl"
     assert all(c.seeds == ((0, 1, 2) if c.script.startswith("kto") else (0, 1, 2, 3, 4)) for c in main.values())
     assert all(test in c.flags and "--no_eval_at_start" in c.flags for c in main.values())
@@ -583,9 +616,11 @@ def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path,
     """The real model's answers, as the scripts write them (prompt, completion, reward, finished; no constraint
     column): each run's first answer to a prompt of each kind (constraint or phrasing, read from the split the suite
     is scored on: the horizon's validation prompts), its reward and `cut` where it did not finish."""
-    task = suites.SUITES[suite].task
+    task = studies.SUITES[suite].task
     results = str(tmp_path)
-    chosen = {f"{task} {prefix}{arm}": 2e-5 for prefix in ("", suites.STUDY, suites.INSTRUCTION)}  # each study's key
+    chosen = {
+        f"{task} {prefix}{arm}": 2e-5 for prefix in ("", second_study.STUDY, instruction_study.INSTRUCTION)
+    }  # each study's key
     rows = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data(task, split)))]
     firsts = {}
     for row in rows:
@@ -593,7 +628,7 @@ def test_the_answers_section_shows_each_runs_first_answer_of_each_kind(tmp_path,
     answers = [
         dict(prompt=r["prompt"], completion=f"answer {i}", reward=i % 2, finished=i > 0) for i, r in enumerate(rows)
     ]
-    configs = [c for c in suites.SUITES[suite].runs(results, chosen) if c.name == arm]
+    configs = [c for c in studies.SUITES[suite].runs(results, chosen) if c.name == arm]
     for seed in configs[0].seeds:
         last = runner.max_steps_of(configs[0].flags)
         fake_run(results, suite, arm, seed, [(last, 0.3)], quality=True, answers=answers)
@@ -615,7 +650,7 @@ def test_a_suite_queues_its_runs_seed_by_seed(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "launch", lambda results, suite, name, script, flags, seed, task: launched.append(seed))
     monkeypatch.setattr(runner, "pack", lambda results, suite: None)
     configs = [suites.Config(name, "dpo_humanline.py", ["--max_steps", "2"], (0, 1, 2)) for name in "abc"]
-    runner.run_suite(str(tmp_path), "main", suites.SUITES["main"], configs, jobs=1)
+    runner.run_suite(str(tmp_path), "main", studies.SUITES["main"], configs, jobs=1)
     assert launched == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
@@ -623,8 +658,8 @@ def test_a_suite_queues_its_runs_seed_by_seed(tmp_path, monkeypatch):
 def test_a_grid_grows_no_further_than_256x_and_a_quarter_of_the_papers_rate(tmp_path, best):
     """Where the edge rate wins at every size of the grid, it grows 4x at a time to 256x the paper's rate (1.28e-3 for
     GRPO's 5e-6) or down to 0.25x (1.25e-6), and stops there: the plans' limits."""
-    results, key = str(tmp_path), f"addition {suites.STUDY}grpo offline, no anchor"
-    sweep = lambda: [c for c in suites.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]  # noqa: E731
+    results, key = str(tmp_path), f"addition {second_study.STUDY}grpo offline, no anchor"
+    sweep = lambda: [c for c in studies.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]  # noqa: E731
     ran = set()
     for _ in range(8):  # each round runs the grid's new rates, the edge one best
         for c in [c for c in sweep() if c.name not in ran]:
@@ -642,31 +677,31 @@ def test_the_second_studys_sweep_grows_its_grid_past_an_edge_that_wins(tmp_path)
     """The plan's rule (docs/results.md): each arm's rates on the validation prompts with 2 seeds each; where the top
     rate wins, the grid grows by one rate 4x above it, and nothing is chosen until that rate has run every seed."""
     results, arm = str(tmp_path), "grpo offline, no anchor"
-    key = f"addition {suites.STUDY}{arm}"
-    mine = [c for c in suites.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]
+    key = f"addition {second_study.STUDY}{arm}"
+    mine = [c for c in studies.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]
     assert [c.rate for c in mine] == pytest.approx([5e-6, 2e-5, 8e-5, 3.2e-4])
     assert all(c.seeds == (100, 101) and "--beta 0 --eps 1e9" in " ".join(c.flags) for c in mine)
     assert all(suites.smollm2.data("addition", "valid") in c.flags and runner.max_steps_of(c.flags) == 32 for c in mine)
     for c, reward in zip(mine, (0.1, 0.2, 0.3, 0.4)):  # the top of the grid wins
         for seed in c.seeds:
             fake_run(results, "anchor_sweep", c.name, seed, [(32, reward)], quality=True)
-    grown = [c for c in suites.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]
+    grown = [c for c in studies.SUITES["anchor_sweep"].runs(results, {}) if c.variant == key]
     assert [c.rate for c in grown] == pytest.approx([5e-6, 2e-5, 8e-5, 3.2e-4, 1.28e-3])
     assert key not in report.choose_rates(results)  # 1.28e-3 has not run yet
     for seed in grown[-1].seeds:  # it runs, and the rate inside wins: the grid stops growing
         fake_run(results, "anchor_sweep", grown[-1].name, seed, [(32, 0.35)], quality=True)
     chosen = report.choose_rates(results)
-    assert chosen[key] == pytest.approx(3.2e-4) and len(suites.SUITES["anchor_sweep"].runs(results, {})) == 19
-    compared = {c.name: c for c in suites.SUITES["anchor"].runs(results, chosen)}
+    assert chosen[key] == pytest.approx(3.2e-4) and len(studies.SUITES["anchor_sweep"].runs(results, {})) == 19
+    compared = {c.name: c for c in studies.SUITES["anchor"].runs(results, chosen)}
     assert list(compared) == [arm] and compared[arm].seeds == tuple(range(10))
     assert suites.smollm2.data("addition", "test") in compared[arm].flags
     assert suites.rate_of(compared[arm].flags) == pytest.approx(3.2e-4)
 
 
 def test_the_second_studys_off_policy_arms_sample_every_16_steps_for_64(tmp_path):
-    chosen = {f"addition {suites.STUDY}{arm}": 2e-5 for arm in suites.OFFPOLICY_ARMS}
-    arms = {c.name: c for c in suites.SUITES["offpolicy_addition"].runs(str(tmp_path), chosen)}
-    assert list(arms) == list(suites.OFFPOLICY_ARMS) and all(c.seeds == (0, 1, 2, 3, 4) for c in arms.values())
+    chosen = {f"addition {second_study.STUDY}{arm}": 2e-5 for arm in second_study.OFFPOLICY_ARMS}
+    arms = {c.name: c for c in studies.SUITES["offpolicy_addition"].runs(str(tmp_path), chosen)}
+    assert list(arms) == list(second_study.OFFPOLICY_ARMS) and all(c.seeds == (0, 1, 2, 3, 4) for c in arms.values())
     for name, c in arms.items():
         shape = " ".join(c.flags)
         assert runner.max_steps_of(c.flags) == 64 and "--num_generations 8 --batch_size 16" in shape
@@ -715,11 +750,11 @@ def test_the_instruction_study_sweeps_ten_arms_and_scores_them_on_the_test_and_h
     the 384 test and held-out prompts, 8 seeds for DPO's and GRPO's offline + humanline and online arms, 5 for the
     rest, seven paired comparisons with the hacks and by-topic sections; KTO online at the amendment's 1.6e-4, whatever
     its sweep chose."""
-    sweep = suites.SUITES["instructions_sweep"].runs("no-results", {})
+    sweep = studies.SUITES["instructions_sweep"].runs("no-results", {})
     assert len(sweep) == 30 and all(c.seeds == (100, 101) for c in sweep)
     assert all(c.flags[c.flags.index("--eval_prompts") + 1].endswith("constraints/valid.jsonl") for c in sweep)
-    chosen = {f"constraints {suites.INSTRUCTION}{arm}": 1e-5 for arm in suites.INSTRUCTION_ARMS}
-    configs = {c.name: c for c in suites.SUITES["instructions"].runs("no-results", chosen)}
+    chosen = {f"constraints {instruction_study.INSTRUCTION}{arm}": 1e-5 for arm in instruction_study.ARMS}
+    configs = {c.name: c for c in studies.SUITES["instructions"].runs("no-results", chosen)}
     assert len(configs) == 10 and sum(len(c.seeds) for c in configs.values()) == 62
     assert all(c.flags[c.flags.index("--num_eval_prompts") + 1] == "384" for c in configs.values())
     assert [n for n, c in configs.items() if len(c.seeds) == 8] == [
@@ -729,8 +764,8 @@ def test_the_instruction_study_sweeps_ten_arms_and_scores_them_on_the_test_and_h
     rates = {n: suites.rate_of(c.flags) for n, c in configs.items()}
     assert rates.pop("kto online") == 1.6e-4 and set(rates.values()) == {1e-5}
     assert configs["kto online"].flags.count("--learning_rate") == 1
-    entry = suites.SUITES["instructions"]
-    assert len(entry.pairs([])) == 7 and {"hacks", "phrasing", "paired"} <= set(entry.sections)
+    entry = studies.SUITES["instructions"]
+    assert len(entry.pairs([])) == 7 and {instruction_study.hacks, "phrasing", "paired"} <= set(entry.sections)
 
 
 def test_the_hacks_section_counts_each_way_to_score_in_the_successes():
@@ -749,12 +784,14 @@ def test_the_hacks_section_counts_each_way_to_score_in_the_successes():
     assert all(key in ask for key, *_ in [((c, t),) for c, t, *_ in said])
     answers = [dict(prompt=ask[c, t], completion=text, reward=r, finished=True) for c, t, text, r in said]
     rows = [dict(config="dpo online", seeds=2, args=[{"seed": 0}, {"seed": 1}], answers=[answers[2:], answers[:2]])]
-    ctx = types.SimpleNamespace(entry=suites.SUITES["instructions"])
-    lines = report.hacks(rows, ctx)
+    ctx = types.SimpleNamespace(entry=studies.SUITES["instructions"])
+    lines = instruction_study.hacks(rows, ctx)
     # 4 successes: none talks, three say the word twice (not "Old ... older"), one doubles it, two share "_ _ are a":
     # both of seed 1's, where seed 0's two share no four words (half of them hold their commonest)
     assert "| dpo online | 2 | 4 | 0.000 | 0.750 | 0.250 | 0.500 (_ _ are a) | seed 1: 1.000 (_ _ are a) |" in lines
-    assert "hacks" in ctx.entry.sections
+    assert instruction_study.hacks in ctx.entry.sections
+    tied = [dict(rows[0], args=[{"seed": 0}, {"seed": 1}], answers=[answers[:2], answers[:2]])]  # 1.000 each
+    assert instruction_study.hacks(tied, ctx)[-1].endswith("| seed 0: 1.000 (_ _ are a) |")  # the first among equals
 
 
 def test_the_signal_section_counts_steps_whose_every_group_tied_and_the_clamps_largest_step():
@@ -767,7 +804,7 @@ def test_the_signal_section_counts_steps_whose_every_group_tied_and_the_clamps_l
     rows = [dict(config="grpo off-policy+humanline", seeds=2, clamped_frac=(0.0015, 0.0005), train=train)]
     lines = report.signal(rows, None)
     assert "| grpo off-policy+humanline | 2 | 0.250 ± 0.250 | 0.375 ± 0.375 | 0.0015 ± 0.0005 | 0.0040 |" in lines
-    assert "signal" in suites.SUITES["offpolicy_addition"].sections
+    assert "signal" in studies.SUITES["offpolicy_addition"].sections
 
 
 def test_a_suite_copies_anothers_runs_of_the_same_configuration_seed_and_rate_and_runs_only_the_rest(
@@ -776,25 +813,32 @@ def test_a_suite_copies_anothers_runs_of_the_same_configuration_seed_and_rate_an
     """The third study's D holds A's humanline and control runs: copied from `anchor` where the configuration, seed and
     learning rate agree (file for file), the rest launched; a run of another rate is not copied."""
     results = str(tmp_path)
-    chosen = {f"addition {suites.STUDY}{arm}": 2e-5 for arm in (suites.HUMANLINE, suites.NO_ANCHOR_ARM)}
-    chosen |= {f"addition {suites.THIRD}{arm}": 2e-5 for arm in list(suites.DISSECTION_ARMS)[2:]}
-    configs = suites.SUITES["dissection"].runs(results, chosen)
-    assert [c.name for c in configs] == [*suites.DISSECTION_ARMS, suites.CLIP_AT_2E5]  # the amendment's row last
+    chosen = {f"addition {second_study.STUDY}{arm}": 2e-5 for arm in (third_study.HUMANLINE, third_study.NO_ANCHOR_ARM)}
+    chosen |= {f"addition {third_study.THIRD}{arm}": 2e-5 for arm in list(third_study.DISSECTION_ARMS)[2:]}
+    configs = studies.SUITES["dissection"].runs(results, chosen)
+    assert [c.name for c in configs] == [
+        *third_study.DISSECTION_ARMS,
+        third_study.CLIP_AT_2E5,
+    ]  # the amendment's row last
     assert all(c.seeds == tuple(range(10)) for c in configs) and suites.rate_of(configs[-1].flags) == 2e-5
     for seed in range(10):
-        fake_run(results, "anchor", suites.HUMANLINE, seed, [(32, 0.4 + seed / 100)], quality=True, lr=2e-5)
-        fake_run(results, "anchor", suites.NO_ANCHOR_ARM, seed, [(32, 0.5)], quality=True, lr=8e-5)
+        fake_run(results, "anchor", third_study.HUMANLINE, seed, [(32, 0.4 + seed / 100)], quality=True, lr=2e-5)
+        fake_run(results, "anchor", third_study.NO_ANCHOR_ARM, seed, [(32, 0.5)], quality=True, lr=8e-5)
     runner.pack(results, "anchor")
     launched = []
     monkeypatch.setattr(runner, "launch", lambda results, suite, name, *_, task: launched.append(name))
-    runner.run_suite(results, "dissection", suites.SUITES["dissection"], configs, jobs=1)
+    runner.run_suite(results, "dissection", studies.SUITES["dissection"], configs, jobs=1)
     theirs, mine = runner.load_runs(results, "anchor"), runner.load_runs(results, "dissection")
-    copied = [runner.run_key(suites.HUMANLINE, seed) for seed in range(10)]
+    copied = [runner.run_key(third_study.HUMANLINE, seed) for seed in range(10)]
     assert sorted(mine) == sorted(copied) and all(mine[key] == theirs[key] for key in copied)
-    assert len(launched) == 60 and suites.HUMANLINE not in launched and launched.count(suites.NO_ANCHOR_ARM) == 10
+    assert (
+        len(launched) == 60
+        and third_study.HUMANLINE not in launched
+        and launched.count(third_study.NO_ANCHOR_ARM) == 10
+    )
     rows = report.summarize(mine, configs)
     assert [r["rewards"] for r in rows] == [pytest.approx([0.4 + seed / 100 for seed in range(10)])]
-    fake_run(results, "dissection", suites.NO_ANCHOR_ARM, 0, [(32, 0.5)], quality=True, lr=2e-5, code="new")
+    fake_run(results, "dissection", third_study.NO_ANCHOR_ARM, 0, [(32, 0.5)], quality=True, lr=2e-5, code="new")
     report.report(results, "dissection", configs)  # two code versions, no --mix_code: the copies are its own
     table = open(os.path.join(results, "dissection.md")).read()
     assert "Code abc: grpo offline+humanline." in table and "Code new: grpo offline, no anchor." in table  # said
@@ -804,34 +848,41 @@ def test_the_phrasing_section_splits_success_by_phrasing_by_hand(tmp_path):
     """Two arms, two seeds, four test answers a run (three training phrasings, one held out): each phrasing's success
     averaged over seeds, the finished equations' share, and the paired difference on the held-out phrasing."""
     results = str(tmp_path)
-    chosen = {f"addition {suites.STUDY}{arm}": 2e-5 for arm in (suites.HUMANLINE, suites.NO_ANCHOR_ARM)}
-    configs = [c._replace(seeds=(0, 1)) for c in suites.SUITES["dissection"].runs(results, chosen)]
+    chosen = {f"addition {second_study.STUDY}{arm}": 2e-5 for arm in (third_study.HUMANLINE, third_study.NO_ANCHOR_ARM)}
+    configs = [c._replace(seeds=(0, 1)) for c in studies.SUITES["dissection"].runs(results, chosen)]
     asks = [*suites.smollm2.PHRASINGS, suites.smollm2.HELD_OUT]
     prompts = [[{"role": "user", "content": ask.format(a=12, b=30)}] for ask in asks]
     said = {  # per arm and seed: each answer's (reward, finished, completion)
-        (suites.HUMANLINE, 0): [
+        (third_study.HUMANLINE, 0): [
             (1, True, "12 + 30 = 42"),
             (1, True, "42"),
             (0, True, "12 + 30 = 41"),
             (0, False, "It"),
         ],
-        (suites.HUMANLINE, 1): [(1, True, "42"), (1, True, "42"), (1, True, "42"), (0, True, "12 + 30 = 40")],
-        (suites.NO_ANCHOR_ARM, 0): [(1, True, "12 + 30 = 42")] * 3 + [(1, True, "12 + 30 = 42")],
-        (suites.NO_ANCHOR_ARM, 1): [(0, True, "12 + 30 = 43")] * 3 + [(1, True, "12 + 30 = 42")],
+        (third_study.HUMANLINE, 1): [(1, True, "42"), (1, True, "42"), (1, True, "42"), (0, True, "12 + 30 = 40")],
+        (third_study.NO_ANCHOR_ARM, 0): [(1, True, "12 + 30 = 42")] * 3 + [(1, True, "12 + 30 = 42")],
+        (third_study.NO_ANCHOR_ARM, 1): [(0, True, "12 + 30 = 43")] * 3 + [(1, True, "12 + 30 = 42")],
     }
     for (arm, seed), answers in said.items():
         answers = [dict(prompt=p, reward=r, finished=f, completion=c) for p, (r, f, c) in zip(prompts, answers)]
         fake_run(results, "dissection", arm, seed, [(32, 0.5)], quality=True, answers=answers, lr=2e-5)
     rows = report.summarize(runner.load_runs(results, "dissection"), configs)
-    ctx = types.SimpleNamespace(entry=suites.SUITES["anchor"], names=[r["config"] for r in rows])  # A's pairs
+    ctx = types.SimpleNamespace(entry=studies.SUITES["anchor"], names=[r["config"] for r in rows])  # A's pairs
     table = "\n".join(report.phrasing(rows, ctx))
     # humanline: training 2/3 and 3/3 (mean 0.833, s.e. 0.167), held out 0 and 0; finished equations on the training
     # phrasings 2/3 and 0/3, held out 0 (cut) and 1
-    assert f"| {suites.HUMANLINE} | 2 | 0.833 ± 0.167 | 0.000 ± 0.000 | 0.333 ± 0.333 | 0.500 ± 0.500 | 0.0000" in table
+    assert (
+        f"| {third_study.HUMANLINE} | 2 | 0.833 ± 0.167 | 0.000 ± 0.000 | 0.333 ± 0.333 | 0.500 ± 0.500 | 0.0000"
+        in table
+    )
     # the control: training 1 and 0, held out 1 and 1; every answer a finished equation
-    assert f"| {suites.NO_ANCHOR_ARM} | 2 | 0.500 ± 0.500 | 1.000 ± 0.000 | 1.000 ± 0.000 | 1.000 ± 0.000 |" in table
+    assert (
+        f"| {third_study.NO_ANCHOR_ARM} | 2 | 0.500 ± 0.500 | 1.000 ± 0.000 | 1.000 ± 0.000 | 1.000 ± 0.000 |" in table
+    )
     # humanline - control, paired: training -1/3 and +1 (mean +0.333), held out -1 and -1 (no spread, p 0)
-    line = next(x for x in table.splitlines() if x.startswith(f"| {suites.HUMANLINE} vs {suites.NO_ANCHOR_ARM} |"))
+    line = next(
+        x for x in table.splitlines() if x.startswith(f"| {third_study.HUMANLINE} vs {third_study.NO_ANCHOR_ARM} |")
+    )
     assert "| +0.333 (" in line and line.endswith("| -1.000 (-1.000, -1.000), p 0 |")
 
 
@@ -888,7 +939,8 @@ def test_the_horizon_keeps_each_evaluations_answers_and_their_drift_and_draws_th
     monkeypatch.setattr(runner, "run_script", fake_script)
     config = suites.Config("grpo online", "grpo_humanline.py", ["--max_steps", "2", "--keep_every_eval"], (0, 1))
     for seed in config.seeds:
-        runner.launch(results, "horizon", config.name, config.script, config.flags, seed, task="addition")
+        out = runner.folder(results, "horizon", config.name, seed)
+        runner.launch(out, "horizon", config.name, config.script, config.flags, seed, task="addition")
     runs = runner.load_runs(results, "horizon")
     assert sorted(runs[runner.run_key(config.name, 0)]) == sorted(
         ["args.json", "cpu_seconds", "metrics.jsonl", "wall_seconds", "quality.json"]
@@ -901,8 +953,8 @@ def test_the_horizon_keeps_each_evaluations_answers_and_their_drift_and_draws_th
     definitions = [runner.definition("horizon", config.name, config.script, config.flags, s) for s in config.seeds]
     assert [r["suite"] for r in recorded] == [dict(name="horizon", definition=d) for d in definitions]
     assert definitions[0] != definitions[1]  # the digest names the run's own configuration, its seed included
-    ctx = types.SimpleNamespace(entry=suites.SUITES["horizon"])
-    table = "\n".join(report.horizon(rows, ctx))
+    ctx = types.SimpleNamespace(entry=studies.SUITES["horizon"])
+    table = "\n".join(third_study.horizon(rows, ctx))
     assert "| configuration | 1 | 2 |" in table
     assert "| grpo online | 0.500 ± 0.000 (1.50 ± 0.00) | 0.375 ± 0.125 (2.50 ± 0.00) |" in table
     assert (
@@ -911,8 +963,86 @@ def test_the_horizon_keeps_each_evaluations_answers_and_their_drift_and_draws_th
     )
 
 
+def test_the_horizons_report_holds_its_sections_and_its_plot(tmp_path):
+    """The horizon's report (validation prompts, no tests): its success and drift at each evaluation and each seed's
+    fall, GRPO's groups and the clamp, success on the training phrasings alone (the validation prompts hold no other),
+    every run's answers; and its plot, where matplotlib is installed."""
+    results, entry = str(tmp_path), studies.SUITES["horizon"]
+    chosen = {f"addition {second_study.STUDY}{arm}": 2e-5 for arm in third_study.HORIZON_ARMS}
+    configs = entry.runs(results, chosen)
+    assert [c.name for c in configs] == list(third_study.HORIZON_ARMS) and all(c.seeds == (0, 1, 2) for c in configs)
+    valid = [json.loads(line) for line in open(os.path.join(runner.ROOT, suites.smollm2.data("addition", "valid")))]
+    answers = [dict(prompt=r["prompt"], completion=f"{r['answer']}", reward=1, finished=True) for r in valid[:4]]
+    for c in configs:
+        for seed in c.seeds:
+            fake_run(
+                results, "horizon", c.name, seed, [(96, 0.5), (192, 0.4 + seed / 10)], quality=True, answers=answers
+            )
+    report.report(results, "horizon", configs)
+    table = open(os.path.join(results, "horizon.md")).read()
+    assert "| configuration | 96 | 192 |" in table and "| grpo online, N = 1 | 1 | 0.500 | 0.500 | 0.000 |" in table
+    assert "| grpo online, N = 1 | 0 | 0.400 | 0.500 | 0.100 |" in table  # the fall from its best
+    assert "| configuration | seeds | steps without signal |" in table
+    assert "| configuration | seeds | success: training phrasings | finished equations: training | clamped |" in table
+    assert "held-out" not in table.split("By phrasing")[1].split("\n\n")[1] and "Each comparison" not in table
+    assert table.count("**grpo online, N = 1, seed") == 3 and "p (paired, Holm)" not in table  # no tests
+    pytest.importorskip("matplotlib")
+    assert open(os.path.join(results, "horizon.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_printed_commands_run_anywhere_through_xargs_as_the_local_runner_runs_them(tmp_path):
+    """`--commands` prints each pending run as one line (one thread, its script, flags, seed and output folder); run
+    by `xargs -P 2` from another folder and packed by `--report`, they leave the archive and the table a local run
+    leaves, in all that does not depend on the machine's time (every file but the seconds, the tables but the time
+    columns)."""
+    quick, env = tmp_path / "quick", dict(os.environ, OMP_NUM_THREADS="1")
+    run_py = [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--quick", "--suite", "main"]
+    run_py += ["--only", "dpo offline", "--results", str(tmp_path)]
+
+    def run_(*more, **kw):
+        proc = subprocess.run(run_py + list(more), cwd=ROOT, env=env, capture_output=True, text=True, **kw)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    def timeless(runs):  # each run's files, the seconds and the timings left out
+        drop = lambda k: "seconds" in k or k.endswith("per_s") or "peak_memory" in k  # noqa: E731
+        out = {}
+        for key, files in runs.items():
+            out[key] = {n: t for n, t in files.items() if n not in ("wall_seconds", "cpu_seconds", "metrics.jsonl")}
+            out[key]["metrics"] = [{k: v for k, v in r.items() if not drop(k)} for r in runner.records(files)]
+        return out
+
+    def untimed(md):  # the table's paragraphs but those of time
+        return [b for b in md.split("\n\n") if "| wall s |" not in b and "time ratio" not in b]
+
+    run_()
+    local, table = runner.load_runs(str(quick), "main"), (quick / "main.md").read_text()
+    assert len(local) == 2 and not os.listdir(quick / "runs" / "main")
+    for path in (quick / "main.tar.gz", quick / "main.md", quick / "main.jsonl"):
+        path.unlink()
+    lines = run_("--commands").splitlines()
+    assert len(lines) == 2 and all(line.startswith("OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 ") for line in lines)
+    for line, key in zip(lines, sorted(local)):
+        words = shlex.split(line)
+        assert words[words.index("--output_dir") + 1] == str(quick / "runs" / "main" / key)
+        assert words[words.index("--seed") + 1] == "0" and "dpo_humanline.py" in words and "--offline" in words
+    xargs = ["xargs", "-d", "\n", "-P", "2", "-I", "{}", "sh", "-c", "{}"]
+    proc = subprocess.run(xargs, input="\n".join(lines) + "\n", cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (quick / "main.tar.gz").exists() and run_("--commands") == ""  # finished, not packed yet
+    run_("--report")
+    assert not os.listdir(quick / "runs" / "main")  # packed as the local runner packs
+    assert timeless(runner.load_runs(str(quick), "main")) == timeless(local)
+    assert untimed((quick / "main.md").read_text()) == untimed(table)
+    recorded = json.loads(runner.load_runs(str(quick), "main")[sorted(local)[0]]["args.json"])
+    assert (
+        recorded["suite"]["name"] == "main"
+        and recorded["suite"] == json.loads(local[sorted(local)[0]]["args.json"])["suite"]
+    )
+
+
 def test_the_clamp_pilot_samples_every_64_steps_and_syncs_every_16_or_24_with_either_setting():
-    configs = {c.name: c for c in suites.SUITES["clamp_pilot"].runs("no-results", {})}
+    configs = {c.name: c for c in studies.SUITES["clamp_pilot"].runs("no-results", {})}
     assert len(configs) == 4 and all(c.seeds == (100,) and suites.rate_of(c.flags) == 2e-5 for c in configs.values())
     for name, c in configs.items():
         flag = lambda f: c.flags[c.flags.index(f) + 1]  # noqa: E731 (each flag given once)

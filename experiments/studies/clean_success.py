@@ -17,13 +17,18 @@ import random
 import re
 import sys
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 from scipy import stats
 
 EXPERIMENTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, EXPERIMENTS)
+sys.path.insert(0, EXPERIMENTS)  # `python experiments/studies/clean_success.py sample` from the root
+import report  # noqa: E402
 import smollm2  # noqa: E402
+import stat_tests  # noqa: E402
+
+from studies import instruction_study  # noqa: E402
 
 START_ANSWERS = os.path.join(EXPERIMENTS, "smollm2", "constraints", "start_answers.jsonl")  # the starting model's
 READ = os.path.join(EXPERIMENTS, "results", "instructions_read")  # the blind read: sample, key, labels
@@ -125,8 +130,16 @@ def rules(text, topic, asked, frames):
     return [name for name, hit in fired.items() if hit]
 
 
-RULES = ("learned frame", "word doubled", "tautology", "asked word as a name", "talk about words", "stray quote")
-RULES += ("no verb",)
+READER = {  # the reader's label that each rule is measured against
+    "learned frame": "template or nonsense",
+    "word doubled": "word doubled",
+    "tautology": "tautology",
+    "asked word as a name": "asked word as a name",
+    "talk about words": "talk about words or the task",
+    "stray quote": "stray quote",
+    "no verb": "no verb",
+}
+RULES = tuple(READER)  # in the plan's order
 
 
 # ---- re-scoring a run ------------------------------------------------------------------------------------------------
@@ -197,8 +210,6 @@ def measured(row, key, seeds=lambda seed: True, prompts=lambda answer: True):
 
 def measure_table(rows, ctx):
     """Each arm's success by the reward and clean, and of its successes (all seeds) the share each rule fails."""
-    import report
-
     rows = rescored(rows)
     lines = ["", "Success by the reward and clean success (the reward's successes no rule fails), mean ± standard"]
     lines += ["error over seeds, and of each arm's successes (all seeds) the share each rule fails:", ""]
@@ -216,9 +227,6 @@ def measure_table(rows, ctx):
 def tests_table(rows, ctx):
     """The study's comparisons by both measures, on every seed and prompt, without seed 0 (the pilot's) and on the
     held-out topics alone (never in the pilot): paired by seed, Holm over the comparisons within each."""
-    import report
-    import stat_tests
-
     rows, table = rescored(rows), prompt_rows()
     held_out = lambda a: smollm2.held_out("constraints", table[json.dumps(a["prompt"])])  # noqa: E731
     views = {
@@ -247,8 +255,6 @@ def tests_table(rows, ctx):
 def mix_table(rows, ctx):
     """Success on the held-out topics beside the training topics', each kind of constraint weighted as among the
     training topics' prompts (the held-out third asks for a word more often)."""
-    import report
-
     table = prompt_rows()
     kind = lambda a: smollm2.kind("constraints", table[json.dumps(a["prompt"])])  # noqa: E731
     held_out = lambda a: smollm2.held_out("constraints", table[json.dumps(a["prompt"])])  # noqa: E731
@@ -277,17 +283,6 @@ def mix_table(rows, ctx):
     )
 
 
-READER = {  # the reader's label that each rule is measured against
-    "learned frame": "template or nonsense",
-    "word doubled": "word doubled",
-    "tautology": "tautology",
-    "asked word as a name": "asked word as a name",
-    "talk about words": "talk about words or the task",
-    "stray quote": "stray quote",
-    "no verb": "no verb",
-}
-
-
 def wilson(k, n):
     return tuple(stats.binomtest(k, n).proportion_ci(method="wilson")) if n else (float("nan"),) * 2
 
@@ -295,8 +290,6 @@ def wilson(k, n):
 def read_table(rows, ctx):
     """The blind read against the rules: per arm, the share of its drawn successes the reader would not count (95%
     Wilson interval) beside the rules'; per rule, its precision and recall against the reader's label."""
-    import report
-
     path = os.path.join(READ, "labels.jsonl")
     if not os.path.exists(path):
         return ["", "The blind read: experiments/results/instructions_read/labels.jsonl is not written yet."]
@@ -332,17 +325,24 @@ def read_table(rows, ctx):
     return lines + report.table("rule | the reader's label | fails | labelled | precision | recall", shown)
 
 
-SECTIONS = {"clean": measure_table, "clean tests": tests_table, "topic mix": mix_table, "blind read": read_table}
+PLAN = 'The plan of this re-scoring: docs/results.md, "The clean-success study", committed before it in 8ad68d7.'
+SUITES = {
+    "instructions_clean": replace(
+        instruction_study.SUITES["instructions"],
+        reads="instructions",
+        sections=(measure_table, tests_table, mix_table, read_table),
+        plot=None,
+        note=lambda results, chosen: PLAN,
+    )
+}
 
 
 def main():
     """Draw the blind read from the instruction study's archive."""
-    import report
     import runner
-    import suites
 
     results = os.path.join(EXPERIMENTS, "results")
-    configs = suites.SUITES["instructions"].runs(results, report.choose_rates(results))
+    configs = instruction_study.SUITES["instructions"].runs(results, report.choose_rates(results))
     rows = rescored(report.summarize(runner.load_runs(results, "instructions"), configs))
     runs = [(r["config"], s["seed"], run) for r in rows for s, run in zip(r["args"], r["answers"])]
     print(f"{sample(runs)} successes drawn into {READ}")
