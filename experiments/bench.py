@@ -23,9 +23,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # `python experiments/bench.py` from anywhere: the scripts and plumbing are in the root
-import smollm2  # noqa: E402
+import smollm2
+from smollm2 import ROOT  # and the root on the path: the scripts and plumbing
 
 import data_formats  # noqa: E402
 import plumbing  # noqa: E402
@@ -130,9 +129,9 @@ def worker(opts):
     kind = "examples" if opts.algos == "kto" else "preferences"
     encoded = data_formats.load_data(args, kind, tok, argparse.Namespace(rank=0))
     if opts.algos == "kto":  # as the scripts read their data
-        data = [(p, c, d) for p, cs, ds in encoded for c, d in zip(cs, ds)]
+        data = [(row.prompt_ids, c, d) for row in encoded for c, d in zip(row.completions, row.labels)]
     else:
-        data = [(p, c, r) for p, (c, r), _ in encoded]
+        data = [(row.prompt_ids, *row.completions) for row in encoded]
     groups = [(p, [c, r], [1.0, 0.0]) for p, c, r in data]  # GRPO, as the script: each pair a group of two
 
     def batch_of(s):
@@ -196,7 +195,7 @@ def run_worker(file, kind, algo, model_path, batch, steps, device, memory=False,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_script(algo, model_path, flags, batch, steps, device, workdir, memory=False, record=None):
+def timed_run(algo, model_path, flags, batch, steps, device, workdir, memory=False, record=None):
     """The script in a fresh process, its per-step metrics: timed runs under run_in_process, whose reference pass
     before the first step is added to that step (samples kept when `record` names a file); memory runs alone."""
     out = tempfile.mkdtemp(dir=workdir)
@@ -297,7 +296,7 @@ def bench(opts, device, workdir):
             def run(flags, steps, memory=False):  # the floor's worker, or the script
                 if flags is None:
                     return run_worker(__file__, "floor", algo, path, batch, steps, device, memory=memory)
-                return run_script(algo, path, flags, batch, steps, device, workdir, memory=memory)
+                return timed_run(algo, path, flags, batch, steps, device, workdir, memory=memory)
 
             results, memory, tag = {}, {}, f"[{device} {model} {algo}]"
             for rep, (name, flags) in [(rep, c) for rep in range(opts.repeats) for c in configs]:  # interleaved
@@ -344,6 +343,9 @@ def matrix_rows(opts, device, model, algo, batch, configs, results, memory):
 
 
 def table(rows):
+    """Per device and model: python + libraries alone, then a line per configuration and the sync."""
+    from report import table  # the one markdown table of experiments/ (imported late: a worker's memory is measured)
+
     lines = []
     for device, model in dict.fromkeys((r["device"], r["model"]) for r in rows):
         block = [r for r in rows if (r["device"], r["model"]) == (device, model)]
@@ -351,23 +353,26 @@ def table(rows):
         mfu, whole = any("mfu" in r for r in block), any(r.get("run_cpu_s") for r in block)
         alone = f"python + libraries alone: {base['peak_gib']:.2f} GiB peak"
         lines += ["", f"**{model} model on {device}** ({first['params'] / 1e6:.1f}M parameters; {alone})", ""]
-        head = "| algo | configuration | step wall (s) | step CPU (s) | / offline | / floor | peak memory (GiB) "
-        lines.append(head + "| / offline | tokens/s | TFLOP/s" + " | MFU" * mfu + " | run CPU (s)" * whole + " |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---" + "|---" * mfu + "|---" * whole + "|")
+        columns = "algo | configuration | step wall (s) | step CPU (s) | / offline | / floor | peak memory (GiB) "
+        columns += "| / offline | tokens/s | TFLOP/s" + " | MFU" * mfu + " | run CPU (s)" * whole
+        found = []
         for r in block[1:]:
             if r["config"] == "sync":
-                copy = f"{r['step_s'] * 1000:.1f} ms | {r['step_cpu_s'] * 1000:.1f} ms | {100 * r['vs_offline']:.2f}%"
-                lines.append(f"| {r['algo']} | sync (one in-place copy) | {copy} | | | | | |" + " |" * (mfu + whole))
+                copy = [
+                    f"{r['step_s'] * 1000:.1f} ms",
+                    f"{r['step_cpu_s'] * 1000:.1f} ms",
+                    f"{100 * r['vs_offline']:.2f}%",
+                ]
+                found.append([r["algo"], "sync (one in-place copy)", *copy] + [""] * (5 + mfu + whole))
                 continue
             online = f"{r.get('completion_tokens_per_s', 0):.0f} (completions, wall)"
-            tps = f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else online
             step = f"{r['step_s']:.3f}" + (f" (+ round {r['round_s']:.2f})" if r.get("round_s") else "")
-            ratios = f"{r['vs_offline']:.3f} | {r['vs_floor']:.3f} | {r['peak_gib']:.3f} | {r['peak_vs_offline']:.3f}"
-            more = (f" | {r['mfu']:.1%}" if "mfu" in r else " |") * mfu + f" | {r['run_cpu_s']:.2f}" * whole
-            tflops = f"{r['tflops']:.3f}" if "tflops" in r else ""
-            lines.append(
-                f"| {r['algo']} | {r['config']} | {step} | {r['step_cpu_s']:.3f} | {ratios} | {tps} | {tflops}{more} |"
-            )
+            cells = [r["algo"], r["config"], step, f"{r['step_cpu_s']:.3f}", f"{r['vs_offline']:.3f}"]
+            cells += [f"{r['vs_floor']:.3f}", f"{r['peak_gib']:.3f}", f"{r['peak_vs_offline']:.3f}"]
+            cells += [f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else online]
+            cells += [f"{r['tflops']:.3f}" if "tflops" in r else ""] + [f"{r['mfu']:.1%}" if "mfu" in r else ""] * mfu
+            found.append(cells + [f"{r['run_cpu_s']:.2f}"] * whole)
+        lines += table(columns, found)
     return "\n".join(lines)
 
 

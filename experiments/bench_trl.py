@@ -19,7 +19,7 @@ import tempfile
 import time
 
 import bench
-from bench import ROOT, peak_gib, run_script, run_worker
+from bench import ROOT, peak_gib, run_worker, timed_run
 
 PLAIN, PRECOMPUTE = {"gradient_checkpointing": False}, {"precompute_ref_log_probs": True}  # TRL's DPOConfig options
 # (name, our script's flags or TRL's DPOConfig options); each repeat runs them all, in order, one fresh process each
@@ -210,7 +210,7 @@ def side_by_side(opts, device, workdir):
         print(f"[{device} {model}] {name}", file=sys.stderr, flush=True)
         if isinstance(flags, dict):
             return run_worker(__file__, "trl", "dpo", path, batch, steps, device, memory, trl_options=flags)
-        return run_script("dpo", path, flags, batch, steps, device, workdir, memory=memory)
+        return timed_run("dpo", path, flags, batch, steps, device, workdir, memory=memory)
 
     for _, (name, flags) in [(rep, c) for rep in range(opts.repeats) for c in SIDE_BY_SIDE]:
         r = run(name, flags, opts.steps)
@@ -261,7 +261,7 @@ def grpo_side_by_side(opts, device, workdir):
             else:
                 on_policy = flags[0] == "--online" and "--sample_every" not in flags
                 samples = on_policy and os.path.join(workdir, f"samples-{len(recorded)}.jsonl")
-                r = run_script("grpo", path, flags, batch, opts.steps, device, workdir, record=samples)
+                r = timed_run("grpo", path, flags, batch, opts.steps, device, workdir, record=samples)
                 recorded |= {name: r} if on_policy else {}
                 every = int(flags[flags.index("--sample_every") + 1]) if "--sample_every" in flags else 1
                 sampling = r["round_total_s"] / (every * r["rounds"]) if r["rounds"] else 0.0  # a round's share
@@ -317,25 +317,25 @@ def compare(runs, memory, defaults, plain, equal):
 def side_by_side_table(rows):
     """One line per configuration: its step, the ratios of compare(), its peak memory and its ratio; DPO's rows also
     each side's libraries alone."""
+    from report import table  # the one markdown table of experiments/ (imported late: a worker's memory is measured)
+
     libraries, spread = "libraries_gib" in rows[0], "median [min, max]"
     columns = f"configuration | step (s), median of repeats | / TRL defaults: {spread}"
     columns += f" | / TRL no checkpointing: {spread} | / TRL's fastest within our memory: {spread}"
-    columns += " | peak memory (GiB) | / TRL at equal checkpointing"
-    lines = [f"| {columns} |" + " python + libraries alone (GiB) |" * libraries, "|---" * (7 + libraries) + "|"]
+    columns += " | peak memory (GiB) | / TRL at equal checkpointing" + " | python + libraries alone (GiB)" * libraries
 
     def cell(x):
         return f"{x['median']:.3f} [{x['min']:.3f}, {x['max']:.3f}]" if x else "-"
 
+    found = []
     for r in rows:
         fastest, baseline = r["fastest TRL within memory"], r["memory baseline"]
         fastest, baseline = fastest.split(": ", 1)[1] if fastest else "none fits", baseline.split(": ", 1)[1]
-        alone = f" {r.get('libraries_gib', 0):.3f} |" * libraries
-        lines.append(
-            f"| {r['config']} | {statistics.median(r['step_s']):.3f} | {cell(r['vs TRL defaults'])} | "
-            f"{cell(r['vs TRL no checkpointing'])} | {cell(r['vs fastest TRL within memory'])} ({fastest}) | "
-            f"{r['peak_gib']:.3f} | {r['memory vs baseline']:.3f} ({baseline}) |{alone}"
-        )
-    return "\n".join(lines)
+        cells = [r["config"], f"{statistics.median(r['step_s']):.3f}", cell(r["vs TRL defaults"])]
+        cells += [cell(r["vs TRL no checkpointing"]), f"{cell(r['vs fastest TRL within memory'])} ({fastest})"]
+        cells += [f"{r['peak_gib']:.3f}", f"{r['memory vs baseline']:.3f} ({baseline})"]
+        found.append(cells + [f"{r.get('libraries_gib', 0):.3f}"] * libraries)
+    return "\n".join(table(columns, found))
 
 
 def side_by_side_targets(rows):

@@ -114,11 +114,11 @@ def test_the_reference_pass_before_the_first_step_counts_in_that_step(tmp_path, 
     precompute_ref_log_probs pass is counted), and a run with a reference model has none. (Its processes fork from a
     warm server: the benchmark's own, timed, start cold.)"""
     monkeypatch.setattr(bench, "subprocess", types.SimpleNamespace(run=lambda cmd, **kw: warm.run(cmd, **kw)))
-    free = bench.run_script("dpo", "toy", ["--offline"], 8, 2, "cpu", str(tmp_path))
-    two = bench.run_script("dpo", "toy", ["--offline", "--ref_free", "off"], 8, 2, "cpu", str(tmp_path))
+    free = bench.timed_run("dpo", "toy", ["--offline"], 8, 2, "cpu", str(tmp_path))
+    two = bench.timed_run("dpo", "toy", ["--offline", "--ref_free", "off"], 8, 2, "cpu", str(tmp_path))
     assert free["before_first_step"][1] > 0 and two["before_first_step"] == [0.0, 0.0]
     assert free["cpu"][0] > free["before_first_step"][1]
     samples = str(tmp_path / "samples.jsonl")  # GRPO's on-policy rows keep their samples for TRL's runs, in-process too
-    on_policy = bench.run_script("grpo", "toy", ["--online"], 8, 1, "cpu", str(tmp_path), record=samples)
+    on_policy = bench.timed_run("grpo", "toy", ["--online"], 8, 1, "cpu", str(tmp_path), record=samples)
     assert on_policy["before_first_step"] == [0.0, 0.0]  # nothing sampled before the loop: no reference pass
     assert len(open(samples).readlines()) == 1  # 8 sequences: one group of the default 8
