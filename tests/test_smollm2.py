@@ -87,6 +87,17 @@ def test_an_answer_that_talks_about_the_task_fails_and_the_task_done_passes(cons
 
 
 @pytest.mark.parametrize(
+    "phrase", ["sentence", "sentences", "task", "answer", "response", "instruction", "instructions", "the word",
+               "this word", "a word", "A Word"],
+)  # fmt: skip
+def test_each_phrase_of_task_talk_alone_is_talk_about_the_task(phrase):
+    """Each phrase of the pattern, in a sentence that holds no other: talk about the task; the sentence without it is
+    not (so a phrase dropped from the pattern fails here)."""
+    assert smollm2.talks_about_the_task(f"Here is my {phrase} on the sea today.")
+    assert not smollm2.talks_about_the_task("Here is my boat on the sea today.")
+
+
+@pytest.mark.parametrize(
     "constraint, topic, answer, want",
     [  # answers of the online pilot (superseded/constraints_pilot_round*.md) and the starting model, each keeping it
         ("start:cold", "the night sky", "Cold, a night sky, a sight that never fails to captivate.", 0.0),
