@@ -3,9 +3,10 @@
 `commands()` collects every command line that runs a file of this repository: in the code blocks and the inline
 code of README.md and docs/*.md, and in the docstrings of the Python files of the top folder and experiments/.
 A line continued with a backslash is one command; `a && b` is two; a `# comment` is dropped, and so is a `...`
-that stands for more flags. Each is a `Command`: where it is shown (page or file, and line), the environment
-variables it sets (`WORLD_SIZE=8 python ...`), how it is launched (`python`, `torchrun`, `pytest`), the file it
-runs, its arguments, and the number of processes it starts (torchrun's `--nproc_per_node` x `--nnodes`).
+that stands for more flags, and a redirect or a pipe after the command. Each is a `Command`: where it is shown (page
+or file, and line), the environment variables it sets (`WORLD_SIZE=8 python ...`), how it is launched (`python`,
+`torchrun`, `pytest`), the file it runs, its arguments, and the number of processes it starts (torchrun's
+`--nproc_per_node` x `--nnodes`).
 """
 
 import ast
@@ -78,6 +79,7 @@ def parse(words):
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
         key, _, value = words.pop(0).partition("=")
         env[key] = value
+    words = words[: next((i for i, w in enumerate(words) if w in (">", ">>", "<", "|")), len(words))]  # the command
     if not words:
         return None
     nproc, launcher = 1, None
