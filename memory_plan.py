@@ -177,7 +177,7 @@ def plan(args, script, world, config=None, gpu=True):
         script == "grpo" and args.kl_baseline == "initial" and (args.online or args.sync != "none")
     )
     seqs = args.micro_batch_size * (2 if script == "dpo" else 1)  # DPO: chosen + rejected (KTO's KL rows: no grad)
-    tokens, lora, sharded = seqs * args.max_length, getattr(args, "lora_r", 0), ", sharded" * (W > 1)
+    tokens, lora, sharded = seqs * args.max_length, args.lora_r, ", sharded" * (W > 1)
     if lora:  # the base frozen in --precision (its only copy: no extra model, no autocast copy); adapters in fp32
         a, synced = adapter_params(config, args), args.ref_free == "off" and not (args.offline and args.sync == "none")
         rows = [
@@ -267,7 +267,7 @@ def report(args, world, rows, config, details=False):
     on_disk = f"{size / GIB:.1f} GiB" if size >= GIB else f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.2g} MiB"
     ckpt = f"a checkpoint: {on_disk} on disk, {kept}"
     host = saving_bytes(config, args)
-    when = "the final merged model" if getattr(args, "lora_r", 0) else "each checkpoint"
+    when = "the final merged model" if args.lora_r else "each checkpoint"
     saving = f"saving {when} takes {host / GIB:.1f} GiB of host memory on process 0"
     if details:
         return table(rows, per_process) + f"\n  {ckpt}; {saving}"
@@ -278,13 +278,13 @@ def report(args, world, rows, config, details=False):
 def saving_bytes(config, args):
     """The host (CPU) memory process 0 gathers the model in to save it: every checkpoint in fp32, or with --lora_r the
     final merged model in the base's dtype (merged a weight at a time, each cast before the next)."""
-    return shapes(config).params * (2 if getattr(args, "lora_r", 0) and args.precision == "bf16" else 4)
+    return shapes(config).params * (2 if args.lora_r and args.precision == "bf16" else 4)
 
 
 def checkpoint_bytes(config, args):
     """A checkpoint's files: the model in its own dtype, and the fp32 weights and AdamW's two moments of every
     process's shard (12 bytes a parameter in all); with --lora_r the adapters alone, fp32 (16 bytes a parameter)."""
-    if getattr(args, "lora_r", 0):
+    if args.lora_r:
         return adapter_params(config, args) * 16
     dtype = str(getattr(config, "dtype", None) or "float32")
     return shapes(config).params * ((2 if "16" in dtype else 4) + 12)
