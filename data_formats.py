@@ -22,7 +22,7 @@ ENCODED = {}  # the toy's rows, encoded once per process (a process that runs ma
 
 class Row(NamedTuple):  # an encoded row of preferences or unpaired examples
     prompt_ids: list
-    completion_ids: list  # [chosen, rejected], or [completion]
+    completions: list  # token ids of each: [chosen, rejected], or [completion]
     labels: list  # [True, False], or [desirable?]
 
 
@@ -146,7 +146,7 @@ def prompt_ids(tokenizer, prompt_text):
 
 
 def encode_rows(rows, tokenizer, args, source, unpaired_ok=False):
-    """Checked, tokenised rows: Row(prompt_ids, [completion_ids], labels). A preference row ([prompt,] chosen, rejected)
+    """Checked, tokenised rows: Row(prompt_ids, completions, labels). A preference row ([prompt,] chosen, rejected)
     gives [chosen, rejected] labelled [True, False]; an unpaired row ([prompt,] completion, label; if unpaired_ok)
     [completion], [label]. The prompt keeps its last --max_prompt_length tokens, a completion its first
     --max_length - prompt: returns (rows, {what: how many were cut, and how many unknown tokens})."""

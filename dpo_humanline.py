@@ -318,7 +318,7 @@ def main():
     # data: every row is checked before any model loads, so that bad data stops a run in seconds
     if args.offline:
         rows = data_formats.load_data(args, "preferences", tokenizer, rt, need=args.batch_size)
-        train_pairs = [(row.prompt_ids, *row.completion_ids) for row in rows]
+        train_pairs = [(row.prompt_ids, *row.completions) for row in rows]
         plumbing.plan_run(args, len(train_pairs), args.batch_size, "pairs", rt.rank)
     else:  # at most one pair per prompt: a round whose prompts keep fewer gives fewer steps
         train_prompts = data_formats.load_data(args, "prompts", tokenizer, rt, need=args.round_size)

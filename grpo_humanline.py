@@ -432,7 +432,7 @@ def main():
     # data: every row is checked before any model loads: bad data stops a run in seconds
     if args.offline:  # ALGO LOGIC: Algorithm 2: a pair is a group of two, chosen ranked first
         rows = data_formats.load_data(args, "preferences", tokenizer, rt, need=args.batch_size // 2)
-        train_groups = [(row.prompt_ids, row.completion_ids, [1.0, 0.0]) for row in rows]
+        train_groups = [(row.prompt_ids, row.completions, [1.0, 0.0]) for row in rows]
         plumbing.plan_run(args, len(train_groups), args.batch_size // 2, "pairs", rt.rank)
     else:
         train_prompts = data_formats.load_data(args, "prompts", tokenizer, rt, need=per_round)

@@ -349,7 +349,7 @@ def main():
     # data: every row is checked before any model loads, so bad data stops a run in seconds
     if args.offline:
         rows = data_formats.load_data(args, "examples", tokenizer, rt)
-        train_examples = [(row.prompt_ids, c, d) for row in rows for c, d in zip(row.completion_ids, row.labels)]
+        train_examples = [(row.prompt_ids, c, d) for row in rows for c, d in zip(row.completions, row.labels)]
         few = f"{args.dataset}: {len(train_examples)} examples, fewer than a batch ({args.batch_size})"
         plumbing.fail(len(train_examples) < args.batch_size, few)
         plumbing.plan_run(args, len(train_examples), args.batch_size, "examples", rt.rank)

@@ -271,11 +271,11 @@ def test_the_toys_rows_are_encoded_once_per_process_and_each_run_gets_its_own_co
     args = args_for(dpo_humanline)
     tokenizer, rt = plumbing.load_tokenizer(args), SimpleNamespace(rank=0, world=1)
     first = data_formats.load_data(args, "preferences", tokenizer, rt)
-    first[0].completion_ids[0].append(-1)  # a run that changed its rows in place
+    first[0].completions[0].append(-1)  # a run that changed its rows in place
     again = data_formats.load_data(args, "preferences", tokenizer, rt)
-    assert again[0].completion_ids[0][-1] != -1 and again[1:] == first[1:]
+    assert again[0].completions[0][-1] != -1 and again[1:] == first[1:]
     rows = [json.loads(line) for line in open(args.toy.offline["strong"])]
-    assert [len(r.completion_ids) for r in again] == [2] * len(rows) == [2] * 4003
+    assert [len(r.completions) for r in again] == [2] * len(rows) == [2] * 4003
     assert any(key[:2] == (args.toy.offline["strong"], "preferences") for key in data_formats.ENCODED)
 
 
