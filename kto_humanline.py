@@ -51,7 +51,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 import data_formats  # TRL's dataset formats: each row checked, tokenised
 import humanline_sampling
 import lora  # --lora_r: the reference without a second copy of the base (--ref_free off)
-import plumbing  # how a run is kept: checks, scorers, generation, checkpoints, logging
+import plumbing  # how a run is kept (checks, checkpoints, logging), and online sampling and scoring
 import ref_free  # the default reference (--ref_free on): no second model
 from plumbing import RunArgs, arg
 

@@ -1,14 +1,16 @@
-"""How a run is kept, the same for dpo_humanline.py, kto_humanline.py and grpo_humanline.py: the argument checks and
+"""How a run is kept, imported by dpo_humanline.py, kto_humanline.py and grpo_humanline.py: the argument checks and
 the run-management flags, seeds and provenance, Hugging Face loading (one process reads the weights), scorers,
 generation and evaluation, checkpoints and resume, metrics.jsonl and trackers, signals. The data formats, read and
 checked row by row, are data_formats.py's.
 
-Nothing here decides what a training step computes: the loss, the reference and its sync, batching and log-probs, the
-sharding, the optimizer and the loop are in each script, in run order (the default way to hold the reference, without
-a second model, is ref_free.py). This module is imported rather than copied (as CleanRL's scripts import
-cleanrl_utils) because it is the same for the three methods: a fix is made once. It imports no script; a script
-passes it what it needs of its own (its Args and checks, its token_logps for the check at load).
-"""
+Each script holds the method and the whole loop: the loss, the reference and its sync, batching and log-probs, the
+sharding, the optimizer, in run order. Run-keeping, online sampling and the default reference are imported. So a
+few things here do shape what a step trains on, and a script says so where it uses them: online sampling and
+scoring (Session.sample_round, sample_and_score) and which of a round's samples make groups (scored_groups); dropout
+off unless --keep_dropout (build_model); --humanline read as --sync humanline --clip clamp (parse_args). The default
+reference, without a second model, is ref_free.py's. This module is imported rather than copied (as CleanRL's scripts
+import cleanrl_utils) because it is the same for the three methods: a fix is made once. It imports no script; a
+script passes it what it needs of its own (its Args and checks, its token_logps for the check at load)."""
 
 import hashlib
 import importlib
@@ -547,10 +549,14 @@ class Session:
     """What a run keeps on every process: its folder (args.json, metrics.jsonl, trackers), resume, the progress bar,
     SIGTERM and Ctrl-C, each step's record, checkpoints and the final model."""
 
-    def __init__(self, args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference=None):
+    def __init__(
+        self, args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference=None, item=None
+    ):
+        """With --resume, restores `state` (and the policy, optimizer, scheduler, RNGs, reference) from the newest
+        checkpoint; `item`: the class of a round's items, which a checkpoint keeps as plain tuples (None: tuples)."""
         self.args, self.rt, self.tokenizer, self.policy, self.state = args, rt, tokenizer, policy, state
         self.optimizer, self.scheduler = optimizer, scheduler
-        self.sampling_gen, self.reference = sampling_gen, reference
+        self.sampling_gen, self.reference, self.item = sampling_gen, reference, item
         self.stop, self.bad_steps, self.bad_streak, self.trackers = [], 0, 0, []
         self.lines = 0  # of metrics.jsonl: a checkpoint keeps how many were written, so a resumed run writes each once
         # online rounds in a row too short for a batch: their samples, prompts left without two rewards, the failures
@@ -758,6 +764,7 @@ class Session:
         if "cuda" in saved["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state(saved["rng"]["cuda"])
         vars(self.state).update(saved["state"])
+        self.state.round = [self.item(*s) for s in self.state.round] if self.item else self.state.round
         self.bad_steps, self.lines = saved["bad_steps"], saved["metrics_lines"]
 
     def save_pretrained(self, directory, merged=False):

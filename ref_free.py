@@ -46,7 +46,8 @@ class PolicyAsReference:
         self.seconds = 0.0  # spent on the reference since the last step's record
 
     def logps(self, step, micro, inputs):
-        """The reference log-probs of micro-batch `micro` of step `step` (its inputs were those computed ahead)."""
+        """The reference log-probs of micro-batch `micro` of step `step`, computed ahead from `batches(step)` where the
+        reference took the policy's weights: `inputs` is not read, only held against their shape."""
         ahead = self.held["ahead"]
         if micro == 0 and step not in ahead and self.held["weights"] is not None:  # sampled after its snapshot
             t0 = time.time()
@@ -58,6 +59,8 @@ class PolicyAsReference:
         logps = ahead[step][micro]
         if micro == len(ahead[step]) - 1:
             del ahead[step]
+        batch, width = inputs[0].shape  # (batch, seq) input_ids: the log-probs are (batch, seq - 1)
+        assert logps.shape == (batch, width - 1), f"step {step}, micro-batch {micro}: {tuple(logps.shape)}, not theirs"
         return logps.to(self.rt.device)
 
     def reset(self, policy, step):

@@ -290,7 +290,7 @@ def test_the_reference_free_reference_is_the_policy_optimizer_step_syncs_it_to(m
     reference.reset(policy, step=reset)
     got = []
     for t in range(reset, 9):
-        got.append(reference.logps(t, 0, None).item())
+        got.append(reference.logps(t, 0, (torch.zeros(1, 2),)).item())  # input_ids (1, 2): "log-probs" (1, 1)
         policy.weight.grad = torch.full_like(policy.weight, -1.0)
         module.optimizer_step(policy, reference, opt, sched, 1e9, sync, 3, t)
     assert got == expected
