@@ -54,7 +54,7 @@ from plumbing import RunArgs, arg
 @dataclass
 class Args(RunArgs):  # RunArgs: how a run is kept
     # mode
-    offline: bool = arg(False, "Train on a fixed preference dataset (the default).")
+    offline: bool = arg(False, "Train on a fixed preference dataset (implied unless --online).")
     online: bool = arg(False, "Algorithm 1: sample pairs from the policy in rounds.")
     humanline: bool = arg(False, "= --sync humanline --clip clamp.")
     # model and data
@@ -98,6 +98,13 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     reward_threshold: float = arg(0.01, "tau: keep a pair only if best - worst >= tau.")
 
 
+def flag_checks(a, given):  # DPO's own, beside parse_args' checks of every flag: (bad, its line)
+    return [
+        (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
+        (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
+    ]
+
+
 # ALGO LOGIC: the loss, on per-token log-probs (the paper, appendix C.1)
 def dpo_loss(
     policy_chosen_logps,
@@ -112,21 +119,21 @@ def dpo_loss(
 ):
     """-log sigmoid(beta (r_w - r_l)), r a completion's summed token log-ratios; tensors (batch, seq),
     masks 1 on completion tokens. With both bounds each token's log-ratio is clamped first."""
-    chosen_ratio = policy_chosen_logps - ref_chosen_logps
-    rejected_ratio = policy_rejected_logps - ref_rejected_logps
+    chosen_ratio = policy_chosen_logps - ref_chosen_logps  # (batch, seq)
+    rejected_ratio = policy_rejected_logps - ref_rejected_logps  # (batch, seq)
     if log_eps_P is not None and log_eps_R is not None:
-        chosen_ratio = chosen_ratio.clamp(log_eps_P, log_eps_R)  # HUMANLINE: clamp per token
-        rejected_ratio = rejected_ratio.clamp(log_eps_P, log_eps_R)
-    r_w = (chosen_ratio * chosen_mask).sum(-1)
-    r_l = (rejected_ratio * rejected_mask).sum(-1)
-    logits = beta * (r_w - r_l)
-    metrics = {
+        chosen_ratio = chosen_ratio.clamp(log_eps_P, log_eps_R)  # HUMANLINE: clamp, (batch, seq)
+        rejected_ratio = rejected_ratio.clamp(log_eps_P, log_eps_R)  # (batch, seq)
+    r_w = (chosen_ratio * chosen_mask).sum(-1)  # (batch,)
+    r_l = (rejected_ratio * rejected_mask).sum(-1)  # (batch,)
+    logits = beta * (r_w - r_l)  # (batch,)
+    metrics = {  # each (batch,)
         "rewards/chosen": beta * r_w.detach(),
         "rewards/rejected": beta * r_l.detach(),
         "rewards/margins": logits.detach(),
         "rewards/accuracies": (logits.detach() > 0).float(),
     }
-    return -F.logsigmoid(logits), metrics
+    return -F.logsigmoid(logits), metrics  # the losses (batch,)
 
 
 def best_worst_pairs(groups, threshold):
@@ -295,6 +302,19 @@ def load_model(args, rt):
     return model
 
 
+def make_reference(args, policy, rt, step_inputs):
+    """| flags | the reference (GRPO's make_reference also picks the KL's baseline) |
+    | --ref_free off --lora_r r | lora.AdapterReference: the base with synced adapters, or none |
+    | --ref_free off | ReferenceModel: a second model, sharded exactly like the policy |
+    | --ref_free on (default) | REF-FREE: the policy's log-probs where it would take its weights |"""
+    if args.ref_free == "off" and args.lora_r:
+        return lora.AdapterReference(policy, token_logps, rt, frozen=args.offline and args.sync == "none")
+    if args.ref_free == "off":
+        return ReferenceModel(load_model(args, rt), rt)
+    due = partial(sync_due, sync_every=args.sync_every) if args.sync != "none" else None
+    return ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, due, args.max_steps)
+
+
 def make_optimizer(policy, args):
     """Fused AdamW (5x for-each's speed on a CPU); warmup over --warmup_ratio, then decay to 0 or hold."""
     adamw = dict(lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
@@ -305,17 +325,12 @@ def make_optimizer(policy, args):
 
 
 def main():
-    def checks(a, given):  # DPO's own, beside parse_args' checks of every flag: (bad, its one line)
-        return [
-            (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
-            (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
-        ]
-
-    args = plumbing.parse_args(Args, "dpo", checks)  # a bad flag stops with one line
+    # ---- 1. flags, processes, tokenizer ----------------------------------------------------------
+    args = plumbing.parse_args(Args, "dpo", flag_checks)  # a bad flag stops with one line
     rt = setup(args)  # the runtime: processes, device, dtypes
     tokenizer = plumbing.load_tokenizer(args)
 
-    # data: every row is checked before any model loads, so that bad data stops a run in seconds
+    # ---- 2. data: every row checked before any model loads (bad data stops a run in seconds) -----
     if args.offline:
         rows = data_formats.load_data(args, "preferences", tokenizer, rt, need=args.batch_size)
         train_pairs = [(row.prompt_ids, *row.completions) for row in rows]
@@ -333,25 +348,20 @@ def main():
         return state.round[i * b : (i + 1) * b] if i < len(state.round) // b else None
 
     def step_inputs(s):  # step s's micro-batches as the models read them (None until sampled)
-        forwards = forward_batches(step_batch(s), args, rt.rank, rt.world) if step_batch(s) else None
+        batch = step_batch(s)
+        forwards = batch and forward_batches(batch, args, rt.rank, rt.world)
         return forwards and [collate(token_ids, tokenizer.pad_token_id, rt.device) for _, token_ids in forwards]
 
-    # models: the policy and its reference, the scorer; the optimizer and schedule
+    # ---- 3. models: the policy and its reference, the scorer; the optimizer and schedule ---------
     policy = load_model(args, rt).train()
-    if args.ref_free == "off" and args.lora_r:  # LoRA: the base, with no adapters or the last sync's
-        never_synced = args.offline and args.sync == "none"
-        reference = lora.AdapterReference(policy, token_logps, rt, frozen=never_synced)
-    elif args.ref_free == "off":  # a second model, sharded exactly like the policy
-        reference = ReferenceModel(load_model(args, rt), rt)
-    else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
-        due = partial(sync_due, sync_every=args.sync_every) if args.sync != "none" else None
-        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, due, args.max_steps)
+    reference = make_reference(args, policy, rt, step_inputs)
     scorer = plumbing.make_scorer(args.reward_model, args, rt) if args.online or eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
     eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)
     sampling_params = humanline_sampling.limit_parameters(eps_P, eps_R, c=args.sampling_c)
     sampling_gen = torch.Generator(rt.device).manual_seed(plumbing.stream_seed(args.seed, "rejection", rt.rank))
 
+    # ---- 4. the session (--resume restores state here), the start --------------------------------
     session = plumbing.Session(args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference)
     evaluate = partial(plumbing.evaluate, policy, tokenizer, scorer, eval_prompts, args, rt)
     if state.step == 0:  # (not when resuming)
@@ -359,6 +369,7 @@ def main():
         if eval_prompts and args.eval_at_start:  # every curve starts at the starting policy
             session.log({"step": 0} | evaluate())
 
+    # ---- 5. the loop; an online round when the last one's pairs are spent ------------------------
     rounds_per_pass = math.ceil(len(train_prompts) / args.round_size) if args.online else None
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
@@ -380,15 +391,16 @@ def main():
                 break
             continue
 
-        # the step: per micro-batch one forward per model on chosen and rejected concatenated
+        # ---- 6. the step: per micro-batch one forward per model, the chosen then the rejected ----
         sums = {}
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         for micro, (pairs, token_ids) in enumerate(forwards):
             inputs = collate(token_ids, tokenizer.pad_token_id, rt.device)
-            with rt.autocast():
+            with rt.autocast():  # ref_free's reference: computed at the last sync, reads no inputs
                 ref_logps = reference.logps(state.step, micro, inputs)
                 policy_logps = token_logps(policy, *inputs, rt.head_dtype)
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
+            # log-probs enter the loss only in the ratio: detaching them stops it (unlike GRPO's KL)
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached
                 sample = humanline_sampling.apply_humanline_sampling
                 policy_logps, _ = sample(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
@@ -411,7 +423,7 @@ def main():
             metrics["logps/rejected"] = policy_logps[n:].detach().sum(-1) / mask[n:].sum(-1)
             plumbing.accumulate(sums, metrics)
 
-        # the update (it syncs the reference); a non-finite loss skips it, a SIGTERM stops after it
+        # ---- 7. the update (and the sync); a NaN loss skips it, a SIGTERM stops after it ---------
         skip, stop = session.skip_or_stop(sums)
         lr = scheduler.get_last_lr()[0]
         grad_norm = optimizer_step(
@@ -419,7 +431,7 @@ def main():
         )
         state.step += 1
 
-        # log, evaluate, checkpoint, stop
+        # ---- 8. log, evaluate, checkpoint, stop --------------------------------------------------
         record = session.record(sums, grad_norm=grad_norm, lr=lr, skipped=skip, t0=t0, cpu0=cpu0)
         if eval_prompts and (state.step == args.max_steps or plumbing.every(state.step, args.eval_every)):
             record |= evaluate()

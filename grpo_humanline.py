@@ -62,7 +62,7 @@ from plumbing import RunArgs, arg
 @dataclass
 class Args(RunArgs):  # RunArgs: how a run is kept
     # mode
-    offline: bool = arg(False, "Algorithm 2: each preference pair a group of two (the default).")
+    offline: bool = arg(False, "Algorithm 2: each pair a group of two (implied unless --online).")
     online: bool = arg(False, "Sample groups of --num_generations every --sample_every steps.")
     humanline: bool = arg(False, "= --sync humanline --clip clamp.")
     pairs_from_samples: bool = arg(False, "Online: Algorithm 1's (best, worst) pairs in rounds.")
@@ -118,7 +118,6 @@ class Args(RunArgs):  # RunArgs: how a run is kept
 
 
 def flag_checks(a, given):  # GRPO's own, beside parse_args' checks of every flag: (bad, its line)
-    group = group_size(a)
     online_only = a.offline and given & {"sample_every", "reward_funcs", "reward_weights"}
     pairs_only = a.online and not a.pairs_from_samples and given & {"round_size", "reward_threshold"}
     funcs = (a.reward_funcs or "x").split(",")
@@ -131,7 +130,7 @@ def flag_checks(a, given):  # GRPO's own, beside parse_args' checks of every fla
         (a.beta < 0 or a.logps_temperature <= 0, "--beta >= 0 and --logps_temperature > 0"),
         (online_only, "--sample_every, --reward_funcs and --reward_weights act only with --online"),
         (pairs_only, "--round_size and --reward_threshold act only with --pairs_from_samples"),
-        (a.batch_size % group, f"--batch_size {a.batch_size}: a multiple of the group size {group}"),
+        (a.batch_size % group_size(a), f"--batch_size {a.batch_size}: a multiple of the group size {group_size(a)}"),
         (len(weights) != len(funcs), f"--reward_weights {a.reward_weights}: one per reward func"),
         (a.on_policy() and a.kl_baseline == "reference" and "beta" in given, idle_beta),
         (a.kl_baseline == "initial" and a.beta == 0, "--kl_baseline initial acts only with --beta above 0"),
@@ -148,16 +147,15 @@ def group_advantages(rewards, group_size, std="population"):
     """A_i = (R_i - mean R) / std R within each group (population std), rewards (n,) group after
     group. A group of equal rewards gets 0; one of two distinct rewards exactly -1, +1.
     std="sample": (R_i - mean R) / (std R + 1e-4), the n - 1 std, as the authors' math code."""
-    r = rewards.reshape(-1, group_size)
-    centred = r - r.mean(-1, keepdim=True)
-    if std == "sample":
-        return (centred / (r.std(-1, keepdim=True) + 1e-4)).reshape(-1)
-    if group_size == 2:  # the formula's value, exactly: (R_i - mean) / std = sign(R_i - R_j)
-        return torch.sign(r - r.flip(-1)).reshape(-1)
-    std = r.std(-1, unbiased=False, keepdim=True)
-    equal = (r == r[:, :1]).all(-1, keepdim=True)  # exact: a rounded mean may leave a tiny std
-    scaled = centred / torch.where(equal, torch.ones_like(std), std)
-    return torch.where(equal, torch.zeros_like(r), scaled).reshape(-1)
+    r = rewards.reshape(-1, group_size)  # (groups, group_size)
+    centred = r - r.mean(-1, keepdim=True)  # R_i - mean R
+    if std == "population":
+        std = r.std(-1, unbiased=False, keepdim=True)
+        equal = (r == r[:, :1]).all(-1, keepdim=True)  # exact: a rounded mean may leave a tiny std
+        scaled = centred / torch.where(equal, torch.ones_like(std), std)
+        pair = torch.sign(r - r.flip(-1))  # a pair: the formula's value exactly, sign(R_i - R_j)
+        return torch.where(equal, 0.0, pair if group_size == 2 else scaled).reshape(-1)
+    return (centred / (r.std(-1, keepdim=True) + 1e-4)).reshape(-1)  # std="sample"
 
 
 class Sequence(NamedTuple):  # what a step trains on: a completion of a prompt, its advantage and reward
@@ -171,8 +169,7 @@ def group_sequences(groups, std="population"):
     """ALGO LOGIC: groups (prompt_ids, [completion_ids], rewards) -> Sequences, group after group."""
     out = []
     for p, completions, rewards in groups:
-        rewards_t = torch.tensor(rewards, dtype=torch.float64)
-        advantages = group_advantages(rewards_t, len(rewards), std).tolist()
+        advantages = group_advantages(torch.tensor(rewards, dtype=torch.float64), len(rewards), std).tolist()
         out += [Sequence(p, c, a, r) for c, a, r in zip(completions, advantages, rewards)]
     return out
 
@@ -385,28 +382,30 @@ def load_model(args, rt):
 
 
 def make_reference(args, policy, rt, step_inputs, wait):
-    """(reference, base) by the flags: the ratio's denominator; the KL's baseline (None: the same)
-    | on-policy (online, N = 1, no --sync) | None: the policy's detached log-probs (the sampler's) |
-    | --ref_free off --lora_r r | lora.AdapterReference: the base, no adapters or the synced ones |
+    """(reference, base): the ratio's denominator and the KL's baseline (None: the reference)
+    | flags (the first row that holds) | reference |
+    | on-policy (online, N = 1, no --sync) | None: the policy's own log-probs, detached |
+    | --ref_free off --lora_r r | lora.AdapterReference: the base with synced adapters, or none |
     | --ref_free off | ReferenceModel: a second model, sharded exactly like the policy |
-    | otherwise (the default) | ref_free.PolicyAsReference: the policy where it syncs (`wait`) |
-    | base: --kl_baseline initial | the frozen start: the base without adapters, or a model |"""
-    T = args.logps_temperature
+    | --ref_free on (default) | REF-FREE: the policy's log-probs where it would take its weights |
+    | base: --kl_baseline initial, online or --sync | the start: the adapterless base, or a model |"""
     if args.on_policy():
         reference = None
     elif args.ref_free == "off" and args.lora_r:
         frozen = args.offline and args.sync == "none"  # never synced: the base without adapters
-        reference = lora.AdapterReference(policy, token_logps, rt, frozen=frozen, temperature=T)
+        reference = lora.AdapterReference(policy, token_logps, rt, frozen=frozen, temperature=args.logps_temperature)
     elif args.ref_free == "off":
-        reference = ReferenceModel(load_model(args, rt), rt, T)
+        reference = ReferenceModel(load_model(args, rt), rt, args.logps_temperature)
     else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
         due = partial(sync_due, sync_every=args.sync_every) if args.sync != "none" else None
-        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, due, args.max_steps, wait, T)
+        reference = ref_free.PolicyAsReference(
+            policy, step_inputs, token_logps, rt, due, args.max_steps, wait, args.logps_temperature
+        )
     if args.kl_baseline != "initial" or not (args.online or args.sync != "none"):
         return reference, None  # the KL's baseline is the reference
     if args.lora_r:  # the base with the adapters disabled: no second copy of it
-        return reference, lora.AdapterReference(policy, token_logps, rt, frozen=True, temperature=T)
-    return reference, ReferenceModel(load_model(args, rt), rt, T)
+        return reference, lora.AdapterReference(policy, token_logps, rt, True, args.logps_temperature)
+    return reference, ReferenceModel(load_model(args, rt), rt, args.logps_temperature)
 
 
 def make_optimizer(policy, args):
@@ -419,6 +418,7 @@ def make_optimizer(policy, args):
 
 
 def main():
+    # ---- 1. flags, the values they leave to the run (filled here), processes, tokenizer ----------
     args = plumbing.parse_args(Args, "grpo", flag_checks)  # a bad flag stops with one line
     if args.eps is None:  # the paper: 0.5 for plain offline GRPO, 0.15 for everything else
         args.eps = 0.5 if args.offline and args.sync == "none" and args.clip == "none" else 0.15
@@ -429,7 +429,7 @@ def main():
     rt = setup(args)  # the runtime: processes, device, dtypes
     tokenizer = plumbing.load_tokenizer(args)
 
-    # data: every row is checked before any model loads: bad data stops a run in seconds
+    # ---- 2. data: every row checked before any model loads (bad data stops a run in seconds) -----
     if args.offline:  # ALGO LOGIC: Algorithm 2: a pair is a group of two, chosen ranked first
         rows = data_formats.load_data(args, "preferences", tokenizer, rt, need=args.batch_size // 2)
         train_groups = [(row.prompt_ids, row.completions, [1.0, 0.0]) for row in rows]
@@ -448,12 +448,12 @@ def main():
         return state.round[i * b : (i + 1) * b] if i < len(state.round) // b else None
 
     def step_inputs(s):  # step s's micro-batches as the models read them (None until sampled)
-        forwards = forward_batches(step_batch(s), args, rt.rank, rt.world) if step_batch(s) else None
+        batch = step_batch(s)
+        forwards = batch and forward_batches(batch, args, rt.rank, rt.world)
         return forwards and [collate(token_ids, tokenizer.pad_token_id, rt.device) for _, token_ids in forwards]
 
-    # models: the policy, its reference, the KL baseline, the scorers; the optimizer and schedule
+    # ---- 3. models: the policy, its reference and KL baseline, the scorers; the optimizer --------
     policy = load_model(args, rt).train()
-    T = args.logps_temperature  # the loss reads log-probs of logits / T (the authors' math: 0.7)
     reset_each_round = args.sync == "none" or args.pairs_from_samples  # else syncing spans rounds
     reference, base = make_reference(args, policy, rt, step_inputs, wait=args.online and not reset_each_round)
     funcs = zip(args.reward_funcs.split(","), args.reward_weights.split(",")) if args.online else []
@@ -464,8 +464,10 @@ def main():
     sampling_params = humanline_sampling.limit_parameters(eps_P, eps_R, c=args.sampling_c)
     sampling_gen = torch.Generator(rt.device).manual_seed(plumbing.stream_seed(args.seed, "rejection", rt.rank))
 
-    session = plumbing.Session(args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference)
-    state.round = [Sequence(*s) for s in state.round]  # a resumed round: a checkpoint keeps them as plain tuples
+    # ---- 4. the session (--resume restores state here, a round's items as Sequences), the start --
+    session = plumbing.Session(
+        args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference, Sequence
+    )
     evaluate = partial(plumbing.evaluate, policy, tokenizer, scorer, eval_prompts, args, rt)
     if state.step == 0:  # (not when resuming)
         if reference is not None:
@@ -473,6 +475,7 @@ def main():
         if eval_prompts and args.eval_at_start:  # every curve starts at the starting policy
             session.log({"step": 0} | evaluate())
 
+    # ---- 5. the loop; a round when the last one's sequences are spent ----------------------------
     rounds_per_pass = math.ceil(len(train_prompts) / per_round) if args.online else None
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
@@ -503,6 +506,7 @@ def main():
                 break
             continue
 
+        # ---- 6. the step: a forward per model and micro-batch ------------------------------------
         # ALGO LOGIC: DAPO normalisation: the step's completion tokens, micro-batches and processes
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         n_tokens = float(sum(len(c) for _, token_ids in forwards for _, c in token_ids))
@@ -511,20 +515,17 @@ def main():
             dist.all_reduce(n_tokens)
         n_tokens = max(1.0, n_tokens.item())
 
-        # the step: a forward per model and micro-batch
         sums = {}
         for micro, (sequences, token_ids) in enumerate(forwards):
             inputs = collate(token_ids, tokenizer.pad_token_id, rt.device)
-            with rt.autocast():
+            with rt.autocast():  # ref_free's reference: computed at the last sync, reads no inputs
                 ref_logps = reference.logps(state.step, micro, inputs) if reference else None
                 base_logps = base.logps(state.step, micro, inputs) if base is not None else None
-                policy_logps = token_logps(policy, *inputs, rt.head_dtype, T)
-            if args.on_policy():
-                ref_logps = policy_logps.detach()
+                policy_logps = token_logps(policy, *inputs, rt.head_dtype, args.logps_temperature)
+            ref_logps = policy_logps.detach() if reference is None else ref_logps  # on-policy
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
-            # ALGO LOGIC: the ratio's denominator: the reference (frozen offline, synced under
-            # --sync), online the sampler (PPO's theta_old); the KL baseline: it or the initial
-            rejected = None
+            # ALGO LOGIC: ref_logps: the ratio's denominator; base_logps: the KL's baseline
+            rejected = None  # --clip sampling's mask: the loss detaches the ratio alone (its KL reads log-probs)
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached
                 reject = humanline_sampling.rejection_mask
                 rejected = reject(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
@@ -550,7 +551,7 @@ def main():
                 metrics["reward"] = torch.tensor([s.reward for s in sequences])
             plumbing.accumulate(sums, metrics)
 
-        # the update (it syncs the reference); a non-finite loss skips it, a SIGTERM stops after it
+        # ---- 7. the update (and the sync); a NaN loss skips it, a SIGTERM stops after it ---------
         skip, stop = session.skip_or_stop(sums)
         lr = scheduler.get_last_lr()[0]
         grad_norm = optimizer_step(
@@ -558,11 +559,10 @@ def main():
         )
         state.step += 1
 
-        # log, evaluate, checkpoint, stop
+        # ---- 8. log, evaluate, checkpoint, stop --------------------------------------------------
         record = session.record(sums, grad_norm=grad_norm, lr=lr, skipped=skip, t0=t0, cpu0=cpu0)
-        if args.online:  # how many updates old the samples are
-            staleness = state.step - 1 - state.round_start
-            record |= {"online/round": state.round_index, "online/staleness": staleness}
+        if args.online:  # staleness: how many updates old the samples are
+            record |= {"online/round": state.round_index, "online/staleness": state.step - 1 - state.round_start}
         if eval_prompts and (state.step == args.max_steps or plumbing.every(state.step, args.eval_every)):
             record |= evaluate()
         if plumbing.every(state.step, args.log_every) or "eval/reward" in record:

@@ -59,7 +59,7 @@ from plumbing import RunArgs, arg
 @dataclass
 class Args(RunArgs):  # RunArgs: how a run is kept
     # mode
-    offline: bool = arg(False, "Train on a fixed dataset (the default).")
+    offline: bool = arg(False, "Train on a fixed dataset (implied unless --online).")
     online: bool = arg(False, "Algorithm 1: sample pairs from the policy in rounds.")
     humanline: bool = arg(False, "= --sync humanline --clip clamp.")
     # model and data
@@ -107,6 +107,16 @@ class Args(RunArgs):  # RunArgs: how a run is kept
     reward_threshold: float = arg(0.01, "tau: keep a pair only if best - worst >= tau.")
 
 
+def flag_checks(a, given):  # KTO's own, beside parse_args' checks of every flag: (bad, its line)
+    weights = (a.desirable_weight, a.undesirable_weight)  # lambda_D, lambda_U
+    return [
+        (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
+        (a.batch_size < 2, "--batch_size must be at least 2: z0 pairs examples with others' outputs"),
+        (min(weights) <= 0, f"--desirable_weight and --undesirable_weight must be above 0, got {weights}"),
+        (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
+    ]
+
+
 # ALGO LOGIC: the loss, on per-token log-probs (the paper, appendix C.1)
 def kto_loss(policy_logps, ref_logps, mask, desirable, kl, beta, lambda_D, lambda_U, log_eps_P=None, log_eps_R=None):
     """lambda_D (1 - sigmoid(beta (r - kl))) for a desirable example, lambda_U (1 - sigmoid(beta
@@ -114,16 +124,16 @@ def kto_loss(policy_logps, ref_logps, mask, desirable, kl, beta, lambda_D, lambd
     (no gradient). logps and mask (batch, seq), mask 1 on completion tokens; desirable (batch,) bool.
     With both bounds each token's log-ratio is clamped first. Metrics: rewards/chosen, rejected: beta
     r of the desirable, undesirable examples; margins: each sigmoid's argument (as DPO's)."""
-    ratio = policy_logps - ref_logps
+    ratio = policy_logps - ref_logps  # (batch, seq)
     if log_eps_P is not None and log_eps_R is not None:
-        ratio = ratio.clamp(log_eps_P, log_eps_R)  # HUMANLINE: clamp per token
-    r = (ratio * mask).sum(-1)
-    kl = torch.as_tensor(kl, dtype=r.dtype, device=r.device).detach()
-    logits = torch.where(desirable, beta * (r - kl), beta * (kl - r))
-    weights = torch.where(desirable, r.new_tensor(lambda_D), r.new_tensor(lambda_U))
-    losses = weights * torch.sigmoid(-logits)  # = 1 - sigmoid(logits)
-    rewards = beta * r.detach()
-    metrics = {
+        ratio = ratio.clamp(log_eps_P, log_eps_R)  # HUMANLINE: clamp per token, (batch, seq)
+    r = (ratio * mask).sum(-1)  # (batch,)
+    kl = torch.as_tensor(kl, dtype=r.dtype, device=r.device).detach()  # a scalar, ()
+    logits = torch.where(desirable, beta * (r - kl), beta * (kl - r))  # (batch,)
+    weights = torch.where(desirable, r.new_tensor(lambda_D), r.new_tensor(lambda_U))  # (batch,)
+    losses = weights * torch.sigmoid(-logits)  # (batch,), = 1 - sigmoid(logits)
+    rewards = beta * r.detach()  # (batch,)
+    metrics = {  # chosen, rejected: of the (un)desirable; margins, accuracies: (batch,); kl: (1,)
         "rewards/chosen": rewards[desirable],
         "rewards/rejected": rewards[~desirable],
         "rewards/margins": logits.detach(),
@@ -137,14 +147,14 @@ def kto_kl_estimate(policy_kl_logps, ref_kl_logps, kl_mask, log_eps_P=None, log_
     """z0, KTO's reference point: the mean over the mismatched pairs of their summed token
     log-ratios (clamped as in the loss), floored at 0, no gradient. `all_reduce` (e.g. dist's) sums
     (sum, count) over processes first: z0 is the mean over every process's pairs, floored once."""
-    ratio = (policy_kl_logps - ref_kl_logps).detach()
+    ratio = (policy_kl_logps - ref_kl_logps).detach()  # (pairs, seq)
     if log_eps_P is not None and log_eps_R is not None:  # the KL pairs are clamped too
-        ratio = ratio.clamp(log_eps_P, log_eps_R)
-    r = (ratio * kl_mask).sum(-1)
-    total = torch.stack([r.sum(), r.new_tensor(float(r.numel()))])
+        ratio = ratio.clamp(log_eps_P, log_eps_R)  # (pairs, seq)
+    r = (ratio * kl_mask).sum(-1)  # (pairs,)
+    total = torch.stack([r.sum(), r.new_tensor(float(r.numel()))])  # (2,): the sum and the count
     if all_reduce is not None:
         all_reduce(total)
-    return (total[0] / total[1]).clamp(min=0)
+    return (total[0] / total[1]).clamp(min=0)  # a scalar, ()
 
 
 def kto_kl_pairs(examples, max_length):
@@ -323,6 +333,19 @@ def load_model(args, rt):
     return model
 
 
+def make_reference(args, policy, rt, step_inputs):
+    """| flags | the reference (GRPO's make_reference also picks the KL's baseline) |
+    | --ref_free off --lora_r r | lora.AdapterReference: the base with synced adapters, or none |
+    | --ref_free off | ReferenceModel: a second model, sharded exactly like the policy |
+    | --ref_free on (default) | REF-FREE: the policy's log-probs where it would take its weights |"""
+    if args.ref_free == "off" and args.lora_r:
+        return lora.AdapterReference(policy, token_logps, rt, frozen=args.offline and args.sync == "none")
+    if args.ref_free == "off":
+        return ReferenceModel(load_model(args, rt), rt)
+    due = partial(sync_due, sync_every=args.sync_every) if args.sync != "none" else None
+    return ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, due, args.max_steps)
+
+
 def make_optimizer(policy, args):
     """Fused AdamW (5x for-each's speed on a CPU); warmup over --warmup_ratio, then decay to 0 or hold."""
     adamw = dict(lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
@@ -333,20 +356,12 @@ def make_optimizer(policy, args):
 
 
 def main():
-    def checks(a, given):  # KTO's own, beside parse_args' checks of every flag: (bad, its one line)
-        weights = (a.desirable_weight, a.undesirable_weight)  # lambda_D, lambda_U
-        return [
-            (a.beta <= 0, f"--beta must be above 0, got {a.beta}"),
-            (a.batch_size < 2, "--batch_size must be at least 2: z0 pairs examples with others' outputs"),
-            (min(weights) <= 0, f"--desirable_weight and --undesirable_weight must be above 0, got {weights}"),
-            (a.num_samples < 2, f"--num_samples must be at least 2, got {a.num_samples}"),
-        ]
-
-    args = plumbing.parse_args(Args, "kto", checks)  # a bad flag stops with one line
+    # ---- 1. flags, processes, tokenizer ----------------------------------------------------------
+    args = plumbing.parse_args(Args, "kto", flag_checks)  # a bad flag stops with one line
     rt = setup(args)  # the runtime: processes, device, dtypes
     tokenizer = plumbing.load_tokenizer(args)
 
-    # data: every row is checked before any model loads, so bad data stops a run in seconds
+    # ---- 2. data: every row checked before any model loads (bad data stops a run in seconds) -----
     if args.offline:
         rows = data_formats.load_data(args, "examples", tokenizer, rt)
         train_examples = [(row.prompt_ids, c, d) for row in rows for c, d in zip(row.completions, row.labels)]
@@ -366,25 +381,20 @@ def main():
         return state.round[i * b : (i + 1) * b] if i < len(state.round) // b else None
 
     def step_inputs(s):  # step s's micro-batches as the models read them (None until sampled)
-        forwards = forward_batches(step_batch(s), args, rt.rank, rt.world) if step_batch(s) else None
+        batch = step_batch(s)
+        forwards = batch and forward_batches(batch, args, rt.rank, rt.world)
         return forwards and [collate(token_ids, tokenizer.pad_token_id, rt.device) for _, token_ids in forwards]
 
-    # models: the policy and its reference, the scorer; the optimizer and schedule
+    # ---- 3. models: the policy and its reference, the scorer; the optimizer and schedule ---------
     policy = load_model(args, rt).train()
-    if args.ref_free == "off" and args.lora_r:  # LoRA: the base, with no adapters or the last sync's
-        never_synced = args.offline and args.sync == "none"
-        reference = lora.AdapterReference(policy, token_logps, rt, frozen=never_synced)
-    elif args.ref_free == "off":  # a second model, sharded exactly like the policy
-        reference = ReferenceModel(load_model(args, rt), rt)
-    else:  # REF-FREE: the policy computes the reference's log-probs where it would take its weights
-        due = partial(sync_due, sync_every=args.sync_every) if args.sync != "none" else None
-        reference = ref_free.PolicyAsReference(policy, step_inputs, token_logps, rt, due, args.max_steps)
+    reference = make_reference(args, policy, rt, step_inputs)
     scorer = plumbing.make_scorer(args.reward_model, args, rt) if args.online or eval_prompts else None
     optimizer, scheduler = make_optimizer(policy, args)
     eps_P, eps_R = math.exp(args.log_eps_P), math.exp(args.log_eps_R)
     sampling_params = humanline_sampling.limit_parameters(eps_P, eps_R, c=args.sampling_c)
     sampling_gen = torch.Generator(rt.device).manual_seed(plumbing.stream_seed(args.seed, "rejection", rt.rank))
 
+    # ---- 4. the session (--resume restores state here), the start --------------------------------
     session = plumbing.Session(args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference)
     evaluate = partial(plumbing.evaluate, policy, tokenizer, scorer, eval_prompts, args, rt)
     if state.step == 0:  # (not when resuming)
@@ -392,6 +402,7 @@ def main():
         if eval_prompts and args.eval_at_start:  # every curve starts at the starting policy
             session.log({"step": 0} | evaluate())
 
+    # ---- 5. the loop; an online round when the last one's examples are spent ---------------------
     rounds_per_pass = math.ceil(len(train_prompts) / args.round_size) if args.online else None
     while state.step < args.max_steps:
         t0, cpu0 = time.time(), time.process_time()
@@ -415,19 +426,20 @@ def main():
                 break
             continue
 
-        # the step: per micro-batch, the examples and their KL pairs
+        # ---- 6. the step: per micro-batch one forward per model, examples then KL pairs ----------
         sums = {}
         forwards = forward_batches(step_batch(state.step), args, rt.rank, rt.world)
         for micro, (examples, token_ids) in enumerate(forwards):
             inputs = collate(token_ids, tokenizer.pad_token_id, rt.device)
             n = len(examples)  # the examples first, then their KL pairs
-            with rt.autocast():
+            with rt.autocast():  # ref_free's reference: computed at the last sync, reads no inputs
                 ref_logps = reference.logps(state.step, micro, inputs)
                 with torch.no_grad():  # KL pairs only set z0, which takes no gradient: no activations
                     kl_logps = token_logps(policy, *(x[n:] for x in inputs), rt.head_dtype)
                 policy_logps = token_logps(policy, *(x[:n] for x in inputs), rt.head_dtype)
             policy_logps = torch.cat([policy_logps, kl_logps])
             mask = inputs[2][:, 1:]  # the completion tokens, aligned with the log-probs
+            # log-probs enter the loss only in the ratio: detaching them stops it (unlike GRPO's KL)
             if args.clip == "sampling":  # HUMANLINE: the ablation: rejected tokens are detached
                 sample = humanline_sampling.apply_humanline_sampling
                 policy_logps, _ = sample(policy_logps, ref_logps, *sampling_params, generator=sampling_gen)
@@ -460,7 +472,7 @@ def main():
             metrics |= {"logps/chosen": logps[desirable], "logps/rejected": logps[~desirable]}
             plumbing.accumulate(sums, metrics)
 
-        # the update (it syncs the reference); a non-finite loss skips it, a SIGTERM stops after it
+        # ---- 7. the update (and the sync); a NaN loss skips it, a SIGTERM stops after it ---------
         skip, stop = session.skip_or_stop(sums)
         lr = scheduler.get_last_lr()[0]
         grad_norm = optimizer_step(
@@ -468,7 +480,7 @@ def main():
         )
         state.step += 1
 
-        # log, evaluate, checkpoint, stop
+        # ---- 8. log, evaluate, checkpoint, stop --------------------------------------------------
         record = session.record(sums, grad_norm=grad_norm, lr=lr, skipped=skip, t0=t0, cpu0=cpu0)
         if eval_prompts and (state.step == args.max_steps or plumbing.every(state.step, args.eval_every)):
             record |= evaluate()
