@@ -20,6 +20,7 @@ import warm
 from conftest import make_session
 from paths import ROOT
 from runs import ENV
+from test_formats import parsed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import data_formats
@@ -294,6 +295,29 @@ def test_the_reference_free_reference_is_the_policy_optimizer_step_syncs_it_to(m
         policy.weight.grad = torch.full_like(policy.weight, -1.0)
         module.optimizer_step(policy, reference, opt, sched, 1e9, sync, 3, t)
     assert got == expected
+
+
+@pytest.mark.parametrize("module", [dpo_humanline, kto_humanline, grpo_humanline], ids=["dpo", "kto", "grpo"])
+def test_each_script_hands_the_reference_free_reference_the_sync_schedule_of_its_flags(module):
+    """The default reference computes the log-probs of the steps a snapshot serves, up to the next sync: each script
+    hands it sync_due's steps under either --sync (humanline before the update, trust_region after it) and none
+    without, so that a snapshot at step 0 computes the steps up to the first sync and no more (without a schedule it
+    would compute every remaining step at each sync: the same values, max_steps / k times the forwards)."""
+    name = module.__name__.split("_")[0]
+    rt, policy = SimpleNamespace(rank=0, head_dtype=torch.float32), torch.nn.Linear(1, 1)
+    for sync, k, due in [
+        ("none", 1, []),
+        ("humanline", 1, [*range(12)]),
+        ("humanline", 3, [2, 5, 8, 11]),
+        ("trust_region", 1, [*range(12)]),
+        ("trust_region", 4, [3, 7, 11]),
+    ]:
+        args = parsed(name, ["--max_steps", "12", "--sync", sync, "--sync_every", str(k)])
+        made = module.make_reference(args, policy, rt, lambda s: None, *([False] if module is grpo_humanline else []))
+        reference = made[0] if module is grpo_humanline else made  # GRPO's: (reference, the KL's baseline)
+        assert type(reference) is ref_free.PolicyAsReference
+        assert [s for s in range(12) if reference.due and reference.due(s)] == due, (sync, k)
+        assert list(reference.served_from(0)) == [*range((due or [11])[0] + 1)], (sync, k)
 
 
 def test_sync_none_every_step_never_touches_the_reference():

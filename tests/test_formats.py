@@ -267,6 +267,17 @@ def test_only_the_evaluation_prompts_are_cut_to_num_eval_prompts(tmp_path):
         assert len(data_formats.load_data(args, "eval", tokenizer, SimpleNamespace(rank=0, world=1))) == 8
 
 
+def test_a_second_run_in_one_process_evaluates_on_its_own_num_eval_prompts():
+    """The toy's rows are encoded once per process, one entry per setting that changes them: a second run in the same
+    process with another --num_eval_prompts gets its own count of the test prompts (8, then 4, then 8 again)."""
+    rt, got = SimpleNamespace(rank=0, world=1), []
+    for n in (8, 4, 8):
+        args = args_for(dpo_humanline, num_eval_prompts=n)
+        got.append([r["prompt"] for r in data_formats.load_data(args, "eval", plumbing.load_tokenizer(args), rt)])
+    assert [len(prompts) for prompts in got] == [8, 4, 8]
+    assert got[1] == got[0][:4] and got[2] == got[0]  # the first prompts of the test split, each time
+
+
 def test_the_toys_rows_are_encoded_once_per_process_and_each_run_gets_its_own_copy():
     args = args_for(dpo_humanline)
     tokenizer, rt = plumbing.load_tokenizer(args), SimpleNamespace(rank=0, world=1)

@@ -3,6 +3,7 @@ clip, KL, zero gradients), DAPO token normalisation across micro-batches and pro
 functions, the order of syncing, the sample buffer (the sampler's log-probs as denominator), and
 end-to-end runs on the toy task (every mode, two processes = one)."""
 
+import itertools
 import json
 import math
 import os
@@ -14,8 +15,11 @@ from types import SimpleNamespace
 import pytest
 import runs
 import torch
+from test_formats import parsed
 from transformers import AutoModelForCausalLM
 
+import grpo_humanline
+import lora
 import ref_free
 import toy_task
 from grpo_humanline import (
@@ -363,6 +367,66 @@ def test_sync_every_3_copies_pre_or_post_update(sync):
     assert changed == ([] if sync == "none" else [2, 5])
     if sync == "none":
         assert same(weights(ref), initial)
+
+
+MODES = {  # offline; online on-policy; off-policy (sampled every 2 steps); Algorithm 1's pairs as groups of two
+    "offline": [],
+    "on-policy": ["--online", "--num_generations", "4"],
+    "off-policy": ["--online", "--num_generations", "4", "--sample_every", "2"],
+    "pairs": ["--online", "--pairs_from_samples", "--round_size", "32", "--num_generations", "4"],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_make_reference_gives_every_flag_combination_its_reference_and_kl_baseline(mode, monkeypatch):
+    """Each --sync, --ref_free, --lora_r and --kl_baseline in each mode, as main parses them. The ratio's denominator:
+    none on-policy (the policy's own log-probs); with --ref_free off the base with adapters (--lora_r; with none where
+    it never moves) or a second model; else the policy, synced on sync_due's steps under either --sync. The KL's
+    baseline is the initial model wherever the reference moves (online, or synced offline), and none where the
+    reference stays the initial model. Each reads log-probs at --logps_temperature."""
+    loaded = []
+
+    def load_model(args, rt):  # the reference's or the start's own model
+        loaded.append(torch.nn.Linear(1, 1))
+        return loaded[-1]
+
+    monkeypatch.setattr(grpo_humanline, "load_model", load_model)
+    rt, policy = SimpleNamespace(rank=0, head_dtype=torch.float32), torch.nn.Linear(1, 1)
+    for sync, ref_free_flag, lora_r, kl_baseline in itertools.product(
+        ["none", "humanline", "trust_region"], ["on", "off"], [0, 4], ["reference", "initial"]
+    ):
+        argv = [*MODES[mode], "--max_steps", "6", "--sync", sync, "--ref_free", ref_free_flag, "--lora_r", str(lora_r)]
+        argv += ["--kl_baseline", kl_baseline, "--logps_temperature", "0.7"]
+        on_policy, moves = mode == "on-policy" and sync == "none", mode != "offline" or sync != "none"
+        if on_policy and ref_free_flag == "off":
+            with pytest.raises(SystemExit, match="--ref_free: on-policy GRPO has no reference"):
+                parsed("grpo", argv)
+            continue
+        loaded.clear()
+        reference, base = grpo_humanline.make_reference(parsed("grpo", argv), policy, rt, lambda s: None, wait=False)
+        flags = " ".join(argv)
+        if on_policy:
+            assert reference is None, flags
+        elif ref_free_flag == "off" and lora_r:
+            assert type(reference) is lora.AdapterReference and reference.frozen == (not moves), flags
+            assert reference.logps_args[1] == 0.7
+        elif ref_free_flag == "off":
+            assert type(reference) is ReferenceModel and reference.model is loaded[0], flags
+            assert reference.temperature == 0.7
+        else:
+            assert type(reference) is ref_free.PolicyAsReference and reference.policy is policy, flags
+            assert [s for s in range(6) if reference.due and reference.due(s)] == (
+                [] if sync == "none" else [*range(6)]
+            )
+            assert reference.logps_args[1] == 0.7
+        if kl_baseline == "reference" or not moves:
+            assert base is None, flags
+        elif lora_r:  # the base with its adapters disabled, never synced
+            assert type(base) is lora.AdapterReference and base.frozen and base is not reference, flags
+            assert base.logps_args[1] == 0.7
+        else:  # a model of its own, loaded after the reference's
+            assert type(base) is ReferenceModel and base.model is loaded[-1] and base is not reference, flags
+            assert base.temperature == 0.7
 
 
 # ----------------------------------------------------------------------------------------------

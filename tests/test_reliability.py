@@ -460,6 +460,33 @@ def test_a_non_finite_gradient_skips_the_step(script, toy):
         assert sched.last_epoch == 1  # no scheduler step
 
 
+def test_a_nan_loss_in_dpo_skips_its_step_and_the_run_goes_on(tmp_path, toy, monkeypatch):
+    """A non-finite loss at step 2 of 4 (its first micro-batch's, made NaN where the loop sums it): the step is
+    skipped (no update: the learning rate holds; no checkpoint), and the run is not stopped as by a SIGTERM."""
+    accumulate, calls = plumbing.accumulate, []
+
+    def poisoned(sums, metrics):  # two micro-batches a step: the third call is step 2's first
+        calls.append(len(calls) + 1)
+        accumulate(sums, metrics | {"loss": metrics["loss"] * math.nan} if len(calls) == 3 else metrics)
+
+    monkeypatch.setattr(plumbing, "accumulate", poisoned)
+    try:
+        run_here("dpo_humanline.py", ["--max_steps", "4", "--save_every", "1"], tmp_path)
+        outcome = "finished"
+    except (Exception, SystemExit) as e:  # a run that stopped at the bad step instead of skipping it
+        outcome = f"stopped: {e!r}"
+    logged = steps(str(tmp_path))
+    assert outcome == "finished" and len(calls) == 8
+    assert [(s, r["bad_steps"], math.isfinite(r["loss"])) for s, r in logged.items()] == [
+        (1, 0, True),
+        (2, 1, False),
+        (3, 1, True),
+        (4, 1, True),
+    ]
+    assert logged[3]["lr"] == logged[2]["lr"] != logged[4]["lr"]  # no scheduler step at the skipped step
+    assert checkpoints(str(tmp_path)) == ["checkpoint-1", "checkpoint-3", "checkpoint-4"]
+
+
 def test_too_many_bad_steps_stop_the_run_with_the_last_good_checkpoint_intact(tmp_path, toy):
     """A learning rate of 1e30: the first update sends the weights to ~1e30, every later gradient is NaN."""
     with pytest.raises(SystemExit) as e:
