@@ -6,11 +6,13 @@ at the sampling temperature 0.7, so the clamp acts on temperature-scaled log-rat
 tables; no tests.
 """
 
+from dataclasses import replace
+
 import runner
 from suites import Config, arm_flags, lr_flags, one_real_suite
 
 from studies.second_study import HL, OFF
-from studies.third_study import HORIZON_SECTIONS, VALID_EVERY_32
+from studies.third_study import HORIZON_SECTIONS, VALID_EVERY_32, horizon_plot
 
 N64 = runner.strip(OFF, "--max_steps") + ["--sample_every", "64"] + HL + VALID_EVERY_32
 AUTHORS_MATH = ["--beta", "1e-4", "--eps", "0.2", "--logps_temperature", "0.7", "--advantage_std", "sample"]
@@ -29,4 +31,5 @@ def clamp_pilot(results, chosen):
 
 
 NOTE = "The clamp study's pilot: one seed a setting, before the study's plan; no tests."
-SUITES = {"clamp_pilot": one_real_suite("addition", clamp_pilot, HORIZON_SECTIONS, NOTE, "valid", 128)}
+PILOT = one_real_suite("addition", clamp_pilot, HORIZON_SECTIONS, NOTE, "valid", 128)
+SUITES = {"clamp_pilot": replace(PILOT, plot=horizon_plot)}  # validation success and drift every 32 steps
