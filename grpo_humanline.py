@@ -365,9 +365,8 @@ def load_model(args, rt):
     group, gathered one at a time; process 0 reads the weights, the others receive their shards."""
     model = plumbing.build_model(args, rt)  # LoRA's adapters too; on several processes: on the meta device
     if rt.distributed:
-        # layers compute in --precision under autocast with the residual stream in fp32, as on one
-        # GPU; norm weights stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference
-        # would differ from the policy by rounding, not training)
+        # layers compute in --precision under autocast with the residual stream in fp32, as on one GPU; norm weights
+        # stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference would differ by rounding, not training)
         layer = MixedPrecisionPolicy(rt.dtype, torch.float32, cast_forward_inputs=False)
         fp32 = MixedPrecisionPolicy(torch.float32, torch.float32, cast_forward_inputs=False)
         for module in model.modules():
@@ -404,7 +403,8 @@ def make_reference(args, policy, rt, step_inputs, wait):
     if args.kl_baseline != "initial" or not (args.online or args.sync != "none"):
         return reference, None  # the KL's baseline is the reference
     if args.lora_r:  # the base with the adapters disabled: no second copy of it
-        return reference, lora.AdapterReference(policy, token_logps, rt, True, args.logps_temperature)
+        base = lora.AdapterReference(policy, token_logps, rt, frozen=True, temperature=args.logps_temperature)
+        return reference, base
     return reference, ReferenceModel(load_model(args, rt), rt, args.logps_temperature)
 
 
@@ -466,7 +466,7 @@ def main():
 
     # ---- 4. the session (--resume restores state here, a round's items as Sequences), the start --
     session = plumbing.Session(
-        args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference, Sequence
+        args, rt, tokenizer, policy, optimizer, scheduler, sampling_gen, state, reference, item=Sequence
     )
     evaluate = partial(plumbing.evaluate, policy, tokenizer, scorer, eval_prompts, args, rt)
     if state.step == 0:  # (not when resuming)

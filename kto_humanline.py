@@ -317,9 +317,8 @@ def load_model(args, rt):
     group, gathered one at a time; process 0 reads the weights, the others receive their shards."""
     model = plumbing.build_model(args, rt)  # LoRA's adapters too; on several processes: on the meta device
     if rt.distributed:
-        # layers compute in --precision under autocast with the residual stream in fp32, as on one
-        # GPU; norm weights stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference
-        # would differ from the policy by rounding, not training)
+        # layers compute in --precision under autocast with the residual stream in fp32, as on one GPU; norm weights
+        # stay fp32 (near 1, a bf16 one moves in steps of 0.008: the reference would differ by rounding, not training)
         layer = MixedPrecisionPolicy(rt.dtype, torch.float32, cast_forward_inputs=False)
         fp32 = MixedPrecisionPolicy(torch.float32, torch.float32, cast_forward_inputs=False)
         for module in model.modules():
