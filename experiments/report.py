@@ -428,7 +428,7 @@ def report(results, suite, configs, mix_code=False, note=""):
         print(f"{suite}: no finished runs yet")
         return rows
     versions = code_versions(rows)
-    if len(versions) > 1 and not (mix_code or entry.copies):  # a suite that copies runs holds their code beside its own
+    if len(versions) > 1 and not (mix_code or entry.copies or entry.same_numbers):  # copied runs keep their code
         raise SystemExit(
             f"{suite}: its runs ran {len(versions)} versions of the code ({', '.join(versions)}); rerun the old "
             f"ones (remove them from {suite}.tar.gz) or pass --mix_code"

@@ -152,6 +152,7 @@ class Suite:
     arms: tuple = None  # a real model's sweep: (the prefix of its rates' keys, its arms), for its table
     copies: str = None  # a suite whose runs of the same configuration and seed it copies before running its own
     reads: str = None  # a suite whose archive it re-scores: it runs nothing of its own
+    same_numbers: str = None  # a table of two code versions: the check that showed them computing alike (its note says)
 
 
 def real_suites(task, name, arms, pairs, sweep_seeds, prefix="", grow=False, more=(), note="", welch=False, **more_of):

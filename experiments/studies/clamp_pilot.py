@@ -31,5 +31,21 @@ def clamp_pilot(results, chosen):
 
 
 NOTE = "The clamp study's pilot: one seed a setting, before the study's plan; no tests."
+
+
+def pilot_plot(plt, rows, start):
+    """The horizon's two panels (validation success and drift every 32 steps) and a third: the share of tokens the
+    clamp acts on at each step, what the pilot is for (the sampling rounds start at steps 0, 64 and 128)."""
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.2))
+    horizon_plot(plt, rows, start, axes=axes[:2])
+    for i, r in enumerate(rows):
+        for run in r["train"]:
+            axes[2].plot(*zip(*run["humanline/clamped_frac"]), color=f"C{i}", lw=0.8)
+    axes[2].set_title("the clamp: share of tokens outside [-1.5, 1.5] at each step", fontsize=9)
+    axes[2].set_xlabel("optimizer step", fontsize=8)
+    fig.suptitle("the clamp study's pilot: one seed a setting", fontsize=10)
+    return fig
+
+
 PILOT = one_real_suite("addition", clamp_pilot, HORIZON_SECTIONS, NOTE, "valid", 128)
-SUITES = {"clamp_pilot": replace(PILOT, plot=horizon_plot)}  # validation success and drift every 32 steps
+SUITES = {"clamp_pilot": replace(PILOT, plot=pilot_plot)}

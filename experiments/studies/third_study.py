@@ -68,10 +68,11 @@ def horizon(rows, ctx):
     return lines + table("configuration | seed | last | best | fall", shown)
 
 
-def horizon_plot(plt, rows, start):
+def horizon_plot(plt, rows, start, axes=None, title="the horizon"):
     """The horizon's curves: validation success and drift (the answers' perplexity under the starting model) at each
-    evaluation, each seed a thin line and the arm's mean over seeds a thick one."""
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    evaluation, each seed a thin line and the arm's mean over seeds a thick one (on two given axes: another study's
+    figure)."""
+    fig, axes = (None, axes) if axes is not None else plt.subplots(1, 2, figsize=(13, 4.2))
     for i, r in enumerate(rows):
         success = [[(step, value) for step, value, _ in curve] for curve in r["curves"]]
         for ax, series in zip(axes, (success, r.get("drifts", []))):
@@ -88,7 +89,8 @@ def horizon_plot(plt, rows, start):
     for ax in axes:
         ax.set_xlabel("optimizer step", fontsize=8)
     axes[0].legend(fontsize=7)
-    fig.suptitle("the horizon: each seed (thin) and the mean over seeds (thick) at each evaluation", fontsize=10)
+    if fig is not None:
+        fig.suptitle(f"{title}: each seed (thin) and the mean over seeds (thick) at each evaluation", fontsize=10)
     return fig
 
 
