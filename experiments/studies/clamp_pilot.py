@@ -8,6 +8,8 @@ tables; no tests.
 
 from dataclasses import replace
 
+import numpy as np
+import report
 import runner
 from suites import Config, arm_flags, lr_flags, one_real_suite
 
@@ -47,5 +49,29 @@ def pilot_plot(plt, rows, start):
     return fig
 
 
-PILOT = one_real_suite("addition", clamp_pilot, HORIZON_SECTIONS, NOTE, "valid", 128)
+def clamp_when(rows, ctx):
+    """Where in training the clamp acts: its share of tokens over the first and the second half of each sync window
+    (the reference k steps old at most) and over each sampling round, every step of the row's seeds weighed alike."""
+    lines = [
+        "",
+        "The clamp's share of tokens by where a step falls: in the first or the second half of a sync window (the",
+    ]
+    lines += ["reference synced every k steps: in the second half it is k/2 steps old or more) and in each sampling"]
+    lines += ["round of 64 steps:"]
+    shown = []
+    for r in rows:
+        k, n = (int(r["flags"][r["flags"].index(f) + 1]) for f in ("--sync_every", "--sample_every"))
+        steps = [(step, v) for run in r["train"] for step, v in run["humanline/clamped_frac"]]
+        share = lambda keep: f"{np.mean([v for step, v in steps if keep(step - 1)]):.4f}"  # noqa: E731
+        cells = [share(lambda i: i % k < k // 2), share(lambda i: i % k >= k // 2)]
+        cells += [share(lambda i, j=j: i // n == j) for j in range(max(step for step, _ in steps) // n)]
+        shown.append([r["config"], k, *cells])
+    return lines + [
+        "",
+        *report.table("configuration | k | first half | second half | round 1 | round 2 | round 3", shown),
+    ]
+
+
+SECTIONS = (*HORIZON_SECTIONS[:-1], clamp_when, HORIZON_SECTIONS[-1])  # before the answers
+PILOT = one_real_suite("addition", clamp_pilot, SECTIONS, NOTE, "valid", 128)
 SUITES = {"clamp_pilot": replace(PILOT, plot=pilot_plot)}
