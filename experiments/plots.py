@@ -16,6 +16,7 @@ DIAGNOSTICS = {
     "logps/rejected": "logp rejected",
     "logps": "logp completions",
     "grpo/no_signal": "sequences without signal",
+    "clip_frac": "ratio clip share",  # GRPO's: the share of tokens its ratio clip binds on
 }
 
 

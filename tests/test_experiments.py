@@ -1047,6 +1047,28 @@ def test_the_printed_commands_run_anywhere_through_xargs_as_the_local_runner_run
     )
 
 
+def test_the_clamp_study_runs_its_six_arms_at_the_authors_settings_each_changing_only_what_it_names():
+    configs = {c.name: c for c in studies.SUITES["clamp"].runs("no-results", {})}
+    assert len(configs) == 6
+    assert all(c.seeds == tuple(range(6)) and suites.rate_of(c.flags) == 2e-5 for c in configs.values())
+    given = lambda c, f: c.flags[c.flags.index(f) + 1] if f in c.flags else None  # noqa: E731
+    for name, c in configs.items():
+        assert all(c.flags.count(f) <= 1 for f in c.flags if f.startswith("--"))  # each flag given once
+        assert [given(c, f) for f in ("--max_steps", "--eval_every", "--logps_temperature")] == ["192", "32", "0.7"]
+        assert "test.jsonl" in given(c, "--eval_prompts") and given(c, "--num_eval_prompts") == "256"
+        assert given(c, "--sample_every") == (None if "online" in name else "64")
+        assert given(c, "--sync_every") == ("24" if "k = 24" in name else None)
+        assert ("--humanline" in c.flags) == ("+humanline" in name) and ("--clip" in c.flags) == ("sync only" in name)
+        assert (given(c, "--beta"), given(c, "--eps")) == (("0", "1e9") if "no anchor" in name else ("1e-4", "0.2"))
+    study = studies.SUITES["clamp"]
+    assert [tuple(configs[a].name for a in pair) for pair in study.pairs(list(configs))] == [
+        ("grpo off-policy+humanline, N = 64, k = 24", "grpo off-policy, sync only, N = 64, k = 24"),
+        ("grpo off-policy+humanline, N = 64, k = 24", "grpo online, N = 1"),
+        ("grpo off-policy+humanline, N = 64, k = 24", "grpo off-policy, N = 64, no anchor"),
+        ("grpo off-policy+humanline, N = 64, k = 1", "grpo off-policy+humanline, N = 64, k = 24"),
+    ]
+
+
 def test_the_clamp_pilot_samples_every_64_steps_and_syncs_every_16_or_24_with_either_setting():
     configs = {c.name: c for c in studies.SUITES["clamp_pilot"].runs("no-results", {})}
     assert len(configs) == 4 and all(c.seeds == (100,) and suites.rate_of(c.flags) == 2e-5 for c in configs.values())

@@ -11,7 +11,7 @@ from dataclasses import replace
 import plots
 import runner
 import smollm2
-from report import fmt, mean_se, table
+from report import fmt, mean_se, scored_on, table
 from suites import Config, arm_flags, lr_flags, one_real_suite, real, real_suites
 
 from studies.second_study import ANCHOR_ARMS, CONTROL, K1, K4, NO_ANCHOR, OFFPOLICY_ARMS, ON, STUDY, SWEEP_SEEDS
@@ -52,7 +52,8 @@ def horizon(rows, ctx):
     and per seed its last success against its best (the plan's collapse rule reads them)."""
     steps = sorted({s for r in rows for c in r["curves"] for s, _, _ in c})
     at = lambda series, step: [v for run in series for s, v, *_ in run if s == step]  # noqa: E731
-    lines = ["", f"Validation success at each evaluation (the starting model's: {ctx.entry.start():.3f}) and, in"]
+    scored = scored_on(ctx.entry).capitalize()  # the horizon's validation prompts, the clamp study's test ones
+    lines = ["", f"{scored} success at each evaluation (the starting model's: {ctx.entry.start():.3f}) and, in"]
     lines += ["brackets, the drift (the answers' perplexity under the starting model); mean ± standard error over"]
     lines += ["seeds:", ""]
     cell = lambda r, s: f"{fmt(mean_se(at(r['curves'], s)))} ({fmt(mean_se(at(r.get('drifts', []), s)), 2)})"  # noqa: E731
@@ -68,7 +69,7 @@ def horizon(rows, ctx):
     return lines + table("configuration | seed | last | best | fall", shown)
 
 
-def horizon_plot(plt, rows, start, axes=None, title="the horizon"):
+def horizon_plot(plt, rows, start, axes=None, title="the horizon", scored="validation"):
     """The horizon's curves: validation success and drift (the answers' perplexity under the starting model) at each
     evaluation, each seed a thin line and the arm's mean over seeds a thick one (on two given axes: another study's
     figure)."""
@@ -84,7 +85,7 @@ def horizon_plot(plt, rows, start, axes=None, title="the horizon"):
                 ax.set_xticks(steps)
     if start is not None:
         axes[0].axhline(start, color="gray", ls="--", lw=1, label="starting model")
-    axes[0].set_title("validation success", fontsize=9)
+    axes[0].set_title(f"{scored} success", fontsize=9)
     axes[1].set_title("drift: the answers' perplexity under the starting model", fontsize=9)
     for ax in axes:
         ax.set_xlabel("optimizer step", fontsize=8)

@@ -1,0 +1,136 @@
+"""The clamp study, on addition: off-policy GRPO sampled every 64 steps for 192 (3 sampling rounds, the horizon's
+batch), where a reference synced every 12-24 steps is old enough for the clamp to act.
+
+The pilot (`clamp_pilot`, before the plan): humanline synced every 16 or 24 steps, with the scripts' defaults and with
+the authors' math settings (docs/paper-runs.md: KL 1e-4, clip 0.2, log-probs at the sampling temperature 0.7, so the
+clamp acts on temperature-scaled log-ratios); one seed each on the validation prompts, the horizon's 2e-5; no tests.
+The comparison (`clamp`, docs/results.md, "The clamp study: the plan", committed before its runs): six arms at the
+authors' settings, 6 seeds, 2e-5, the test prompts every 32 steps; four paired tests, Holm.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import report
+import runner
+from report import fmt, mean_se
+from suites import Config, arm_flags, lr_flags, one_real_suite
+
+from studies.second_study import HL, NO_ANCHOR, OFF
+from studies.third_study import HORIZON_SECTIONS, SYNC_ONLY, VALID_EVERY_32, horizon, horizon_plot
+
+N64 = runner.strip(OFF, "--max_steps") + ["--sample_every", "64"] + HL + VALID_EVERY_32
+AUTHORS_MATH = ["--beta", "1e-4", "--eps", "0.2", "--logps_temperature", "0.7", "--advantage_std", "sample"]
+ARMS = {
+    f"grpo off-policy+humanline, N = 64, k = {k}{label}": ("grpo", "online", N64 + ["--sync_every", str(k)] + more)
+    for k in (16, 24)
+    for label, more in (("", []), (", authors' math settings", AUTHORS_MATH))
+}
+
+
+def pilot_runs(results, chosen):
+    return [
+        Config(name, "grpo_humanline.py", arm_flags("addition", arm) + lr_flags(2e-5), (100,))
+        for name, arm in ARMS.items()
+    ]
+
+
+NOTE = "The clamp study's pilot: one seed a setting, before the study's plan; no tests."
+# its k = 16 runs ran the scripts before their restructuring (the numbered phases, make_reference in each), its k = 24
+# runs after: the check below shows the two computing alike, so one table holds both
+SAME_NUMBERS = (
+    "Its k = 16 runs ran code c853f2810f45741b, its k = 24 runs 9c9db21969b175b6 (the scripts restructured): each"
+    " setting's command with --sample_every 2 --sync_every 2 --max_steps 4 --num_eval_prompts 8 gave the same metrics,"
+    " key for key, and the same answers under both, and tests/test_pinned.py passed unchanged."
+)
+
+
+def pilot_plot(plt, rows, start, title="the clamp study's pilot: one seed a setting", scored="validation"):
+    """The horizon's two panels (success and drift every 32 steps) and a third: the share of tokens the clamp acts on
+    at each step, what the study is about (the sampling rounds start at steps 0, 64 and 128)."""
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.2))
+    horizon_plot(plt, rows, start, axes=axes[:2], scored=scored)
+    for i, r in enumerate(rows):
+        for run in r["train"]:
+            axes[2].plot(*zip(*run["humanline/clamped_frac"]), color=f"C{i}", lw=0.8)
+    axes[2].set_title("the clamp: share of tokens outside [-1.5, 1.5] at each step", fontsize=9)
+    axes[2].set_xlabel("optimizer step", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def clamp_when(rows, ctx):
+    """Where in training the clamp acts: its share of tokens over the first and the second half of each sync window
+    (the reference k steps old at most) and over each sampling round, every step of the row's seeds weighed alike."""
+    lines = [
+        "",
+        "The clamp's share of tokens by where a step falls: in the first or the second half of a sync window (the",
+    ]
+    lines += ["reference synced every k steps: in the second half it is k/2 steps old or more) and in each sampling"]
+    lines += ["round of 64 steps:"]
+    shown = []
+    for r in [r for r in rows if "--sync_every" in r["flags"]]:  # the arms synced every k > 1 steps
+        k, n = (int(r["flags"][r["flags"].index(f) + 1]) for f in ("--sync_every", "--sample_every"))
+        steps = [(step, v) for run in r["train"] for step, v in run["humanline/clamped_frac"]]
+        share = lambda keep: f"{np.mean([v for step, v in steps if keep(step - 1)]):.4f}"  # noqa: E731
+        cells = [share(lambda i: i % k < k // 2), share(lambda i: i % k >= k // 2)]
+        cells += [share(lambda i, j=j: i // n == j) for j in range(max(step for step, _ in steps) // n)]
+        shown.append([r["config"], k, *cells])
+    return lines + [
+        "",
+        *report.table("configuration | k | first half | second half | round 1 | round 2 | round 3", shown),
+    ]
+
+
+SECTIONS = (*HORIZON_SECTIONS[:-1], clamp_when, HORIZON_SECTIONS[-1])  # before the answers
+PILOT = one_real_suite("addition", pilot_runs, SECTIONS, f"{NOTE} {SAME_NUMBERS}", "valid", 128)
+SUITES = {"clamp_pilot": replace(PILOT, plot=pilot_plot, same_numbers=SAME_NUMBERS)}
+
+
+# ---- the comparison (docs/results.md, "The clamp study: the plan"): the pilot's choice, the authors' math settings
+# at k = 24 (the clamp acts on 1.13% of tokens there), in every arm but where an arm changes one of them
+TEST_EVERY_32 = ["--keep_every_eval", "--max_steps", "192", "--eval_every", "32"]  # the test prompts: nothing is chosen
+BASE = runner.strip(OFF, "--max_steps") + TEST_EVERY_32 + AUTHORS_MATH
+N64_AUTHORS = BASE + ["--sample_every", "64"]
+HUMANLINE, SYNC = "grpo off-policy+humanline, N = 64, k = 24", "grpo off-policy, sync only, N = 64, k = 24"
+ONLINE, CONTROL, PLAIN = "grpo online, N = 1", "grpo off-policy, N = 64, no anchor", "grpo off-policy, N = 64"
+K1 = "grpo off-policy+humanline, N = 64, k = 1"
+STUDY_ARMS = {  # in the order each seed runs them: the clamp's own test first
+    HUMANLINE: N64_AUTHORS + HL + ["--sync_every", "24"],
+    SYNC: N64_AUTHORS + SYNC_ONLY + ["--sync_every", "24"],  # the same sync, no clamp
+    ONLINE: BASE,  # sampled every step
+    CONTROL: runner.strip(runner.strip(N64_AUTHORS, "--beta"), "--eps") + NO_ANCHOR,  # no KL, a clip that never binds
+    PLAIN: N64_AUTHORS,  # the trust region around the stale sampler (the reference: the start)
+    K1: N64_AUTHORS + HL,  # synced every step: the paper's collapse
+}
+SEEDS = tuple(range(6))
+PAIRS = [(HUMANLINE, SYNC), (HUMANLINE, ONLINE), (HUMANLINE, CONTROL), (K1, HUMANLINE)]
+
+
+def study_runs(results, chosen):
+    return [
+        Config(name, "grpo_humanline.py", arm_flags("addition", ("grpo", "online", flags)) + lr_flags(2e-5), SEEDS)
+        for name, flags in STUDY_ARMS.items()
+    ]
+
+
+def anchors(rows, ctx):
+    """The clamp's and the ratio clip's share of tokens, averaged over training and on the largest step (a run
+    without the clamp: what it would have cut), and the share of steps without signal from the rewards."""
+    lines = ["", "The share of tokens the clamp acts on (outside [-1.5, 1.5]; an arm without it: what it would have"]
+    lines += ["cut) and the ratio clip binds on, averaged over training (mean ± standard error over seeds) and on the"]
+    lines += ["largest step of any seed; and the share of steps whose every group scored alike (no signal):", ""]
+    shown = []
+    for r in rows:
+        largest = lambda key: max((v for t in r["train"] for _, v in t[key]), default=np.nan)  # noqa: E731
+        no_signal = [np.mean([v == 1.0 for _, v in t["grpo/no_signal"]]) for t in r["train"]]
+        shown.append([r["config"], r["seeds"], fmt(r["clamped_frac"], 4), f"{largest('humanline/clamped_frac'):.4f}"])
+        shown[-1] += [fmt(r["clip_frac"], 4), f"{largest('clip_frac'):.4f}", fmt(mean_se(no_signal))]
+    columns = "clamped tokens | largest step's | clipped tokens | largest step's | steps without signal"
+    return lines + report.table(f"configuration | seeds | {columns}", shown)
+
+
+PLAN = 'The plan of these runs: docs/results.md, "The clamp study: the plan", committed before them.'
+STUDY = one_real_suite("addition", study_runs, ("long", "paired", "real", anchors, clamp_when, horizon), PLAN)
+STUDY = replace(STUDY, sections=(*STUDY.sections, "phrasing", "answers"), pairs=lambda names: PAIRS)
+SUITES["clamp"] = replace(STUDY, plot=lambda plt, rows, start: pilot_plot(plt, rows, start, "the clamp study", "test"))
