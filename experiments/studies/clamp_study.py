@@ -130,7 +130,29 @@ def anchors(rows, ctx):
     return lines + report.table(f"configuration | seeds | {columns}", shown)
 
 
+COLLAPSE_FALL = 0.20  # the plan's rule: a seed whose last evaluation is this far below its best has collapsed
+
+
+def collapsed(curve, start):
+    """A seed's curve [(step, success, _)] collapsed: its last evaluation 0.20 or more below its best, or below the
+    starting model's success."""
+    values = [v for _, v, _ in curve]
+    return round(max(values) - values[-1], 9) >= COLLAPSE_FALL or values[-1] < start  # 0.6 - 0.4 is 0.1999...
+
+
+def collapse(rows, ctx):
+    """The plan's collapse rule, read from each seed's curve; an arm collapses where at least half its seeds do."""
+    start, shown = ctx.entry.start(), []
+    for r in rows:
+        fell = [s["seed"] for s, curve in zip(r["args"], r["curves"]) if collapsed(curve, start)]
+        verdict = "collapses" if 2 * len(fell) >= r["seeds"] else "does not collapse"
+        shown.append([r["config"], r["seeds"], ", ".join(map(str, fell)) or "none", verdict])
+    lines = ["", f"A seed collapses (the plan's rule) if its last evaluation is {COLLAPSE_FALL:.2f} or more below its"]
+    lines += [f"best, or below the starting model's {start:.3f}; an arm collapses if at least half its seeds do:", ""]
+    return lines + report.table("configuration | seeds | seeds collapsed | the arm", shown)
+
+
 PLAN = 'The plan of these runs: docs/results.md, "The clamp study: the plan", committed before them.'
-STUDY = one_real_suite("addition", study_runs, ("long", "paired", "real", anchors, clamp_when, horizon), PLAN)
+STUDY = one_real_suite("addition", study_runs, ("long", "paired", "real", anchors, clamp_when, horizon, collapse), PLAN)
 STUDY = replace(STUDY, sections=(*STUDY.sections, "phrasing", "answers"), pairs=lambda names: PAIRS)
 SUITES["clamp"] = replace(STUDY, plot=lambda plt, rows, start: pilot_plot(plt, rows, start, "the clamp study", "test"))

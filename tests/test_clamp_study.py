@@ -1,0 +1,64 @@
+"""The clamp study's own report sections, on rows made by hand: the clamp's and the ratio clip's shares (averaged and
+on the largest step), where in a sync window the clamp acts, and the plan's collapse rule."""
+
+import os
+import sys
+from types import SimpleNamespace
+
+from paths import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import studies  # noqa: E402
+from studies import clamp_study as cs  # noqa: E402
+
+CTX = SimpleNamespace(entry=studies.SUITES["clamp"])
+
+
+def row(config, flags, clamped, clip=(), curves=(), no_signal=()):
+    """A report row of one seed per training series: clamped[i], clip[i], no_signal[i]: seed i's per-step values."""
+    train = [
+        {
+            "humanline/clamped_frac": list(enumerate(c, start=1)),
+            "clip_frac": list(enumerate(clip[i] if clip else [0.0] * len(c), start=1)),
+            "grpo/no_signal": list(enumerate(no_signal[i] if no_signal else [0.0] * len(c), start=1)),
+        }
+        for i, c in enumerate(clamped)
+    ]
+    means = [sum(c) / len(c) for c in clamped]
+    clips = [sum(c) / len(c) for c in clip] if clip else [0.0] * len(clamped)
+    return dict(
+        config=config, flags=flags, seeds=len(clamped), train=train, args=[{"seed": i} for i in range(len(clamped))],
+        clamped_frac=(sum(means) / len(means), float("nan")), clip_frac=(sum(clips) / len(clips), float("nan")),
+        curves=list(curves),
+    )  # fmt: skip
+
+
+def test_the_shares_of_the_clamp_and_the_clip_averaged_and_on_their_largest_step():
+    clamped, clip = [[0.0, 0.02, 0.0, 0.02], [0.0, 0.08]], [[0.1, 0.1, 0.1, 0.1], [0.3, 0.1]]
+    r = row("a", [], clamped, clip, no_signal=[[1.0, 0.5, 1.0, 0.0], [1.0, 1.0]])
+    table = "\n".join(cs.anchors([r], CTX))
+    # the clamp: seeds average 0.01 and 0.04, largest step 0.08; the clip: 0.1 and 0.2, largest 0.3; steps whose
+    # every group scored alike (no_signal 1.0): 2 of 4 and 2 of 2
+    assert "| a | 2 | 0.0250 | 0.0800 | 0.1500 | 0.3000 | 0.750 ± 0.250 |" in table
+
+
+def test_where_the_clamp_acts_in_a_sync_window_and_each_sampling_round():
+    k4 = row("k4", ["--sync_every", "4", "--sample_every", "4"], clamped=[[0.0, 0.0, 0.4, 0.8, 0.0, 0.0, 0.2, 0.2]])
+    online = row("online", [], clamped=[[0.0] * 8])  # no sync window: no row
+    table = "\n".join(cs.clamp_when([k4, online], CTX))
+    # steps 1-2 and 5-6 are a window's first half (0.0), steps 3-4 and 7-8 its second (0.4); round 1: steps 1-4
+    assert "| k4 | 4 | 0.0000 | 0.4000 | 0.3000 | 0.1000 |" in table and "| online |" not in table
+
+
+def test_the_plans_collapse_rule():
+    start = CTX.entry.start()
+    assert start == 0.0625  # the starting model's test success
+    assert cs.collapsed([(32, 0.6, None), (64, 0.4, None)], start)  # 0.20 below its best
+    assert not cs.collapsed([(32, 0.6, None), (64, 0.41, None)], start)
+    assert cs.collapsed([(32, 0.1, None), (64, 0.05, None)], start)  # below the start
+    curves = [[(32, 0.6, None), (64, 0.3, None)], [(32, 0.5, None), (64, 0.5, None)]]
+    table = "\n".join(cs.collapse([row("k1", [], clamped=[[0.0], [0.0]], curves=curves)], CTX))
+    assert "| k1 | 2 | 0 | collapses |" in table  # one of two seeds: half
+    curves.append([(32, 0.5, None), (64, 0.6, None)])
+    table = "\n".join(cs.collapse([row("k1", [], clamped=[[0.0]] * 3, curves=curves)], CTX))
+    assert "| k1 | 3 | 0 | does not collapse |" in table
