@@ -62,3 +62,37 @@ def test_the_plans_collapse_rule():
     curves.append([(32, 0.5, None), (64, 0.6, None)])
     table = "\n".join(cs.collapse([row("k1", [], clamped=[[0.0]] * 3, curves=curves)], CTX))
     assert "| k1 | 3 | 0 | does not collapse |" in table
+
+
+def test_the_clamp_studys_report_holds_its_tests_sections_and_plot(tmp_path):
+    """The whole report on finished runs made by hand (every arm, 3 seeds, test success every 32 steps): the four
+    planned comparisons paired in the plan's order, the curves on the test prompts, the collapse rule, the clamp's
+    shares (by sync window for the arms synced every 24 steps), success by phrasing (the test prompts hold the held-out
+    one), every run's answers; and its plot, where matplotlib is installed."""
+    import json
+
+    import pytest
+    import report
+    import runner
+    from test_experiments import fake_run
+
+    results, entry = str(tmp_path), studies.SUITES["clamp"]
+    configs = [c._replace(seeds=(0, 1, 2)) for c in entry.runs(results, {})]
+    test = [json.loads(line) for line in open(os.path.join(runner.ROOT, "experiments/smollm2/addition/test.jsonl"))]
+    answers = [dict(prompt=r["prompt"], completion=f"{r['answer']}", reward=1, finished=True) for r in test[:4]]
+    for i, c in enumerate(configs):
+        for seed in c.seeds:
+            curve = [(step, 0.5 + 0.01 * (i + seed) * (step == 192)) for step in range(32, 193, 32)]
+            fake_run(results, "clamp", c.name, seed, curve, quality=True, answers=answers, clamped=0.01 * (i < 2))
+    report.report(results, "clamp", configs)
+    table = open(os.path.join(results, "clamp.md")).read()
+    tests = table.split("p (paired, Holm)")[1].split("\n\n")[0]
+    order = [line.split(" | ")[0] for line in tests.splitlines()[2:]]
+    assert order == [f"| {a} vs {b}" for a, b in cs.PAIRS]
+    assert "Test success at each evaluation" in table and "| configuration | 32 | 64 | 96 | 128 | 160 | 192 |" in table
+    assert f"| {cs.K1} | 3 | none | does not collapse |" in table
+    assert f"| {cs.HUMANLINE} | 24 | 0.0100 | 0.0100 | 0.0100 | 0.0100 | 0.0100 |" in table
+    assert f"| {cs.ONLINE} | 24 |" not in table and f"| {cs.K1} | 24 |" not in table  # no window of 24 steps
+    assert "held-out" in table.split("By phrasing")[1] and table.count(f"**{cs.PLAIN}, seed") == 3
+    pytest.importorskip("matplotlib")
+    assert open(os.path.join(results, "clamp.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
