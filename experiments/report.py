@@ -7,6 +7,7 @@ order, or holds the study's own.
 import json
 import math
 import os
+import random
 import re
 from types import SimpleNamespace
 
@@ -238,6 +239,24 @@ def time_ratios(rows):
         [f"{a['config']} / {b['config']}", *(ratio(a, b, k) for k in ("walls", "cpus", "loops"))] for a, b in pairs
     ]
     return ["", *table("time ratio (medians over seeds) | wall | CPU | training loop", ratios)]
+
+
+def blind_read(runs, out, successes, failures=0, key=lambda answer: {}, seed=0):
+    """Draw a blind read: up to `successes` successes (reward 1) and `failures` failures of every run (runs: (arm, seed,
+    answers)), shuffled and numbered. `out`/sample.jsonl holds what the reader sees (id, prompt, answer), key.jsonl the
+    id, arm, seed and what `key(answer)` adds. Returns how many were drawn."""
+    rng, drawn = random.Random(seed), []
+    for arm, run_seed, answers in runs:
+        for success, n in ((True, successes), (False, failures)):
+            pool = [a for a in answers if (a["reward"] == 1) == success]
+            drawn += [(arm, run_seed, a) for a in rng.sample(pool, min(n, len(pool)))]
+    rng.shuffle(drawn)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "sample.jsonl"), "w") as s, open(os.path.join(out, "key.jsonl"), "w") as k:
+        for i, (arm, run_seed, a) in enumerate(drawn):
+            s.write(json.dumps(dict(id=i, prompt=a["prompt"][-1]["content"], answer=a["completion"])) + "\n")
+            k.write(json.dumps(dict(id=i, arm=arm, seed=run_seed) | key(a)) + "\n")
+    return len(drawn)
 
 
 # ---- the report ------------------------------------------------------------------------------------------------------

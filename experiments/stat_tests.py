@@ -21,6 +21,11 @@ def mean_se(values):
     return float(v.mean()), float(stats.sem(v)) if len(v) > 1 else math.nan
 
 
+def wilson(k, n, level=0.95):
+    """The Wilson score interval of k successes in n trials (scipy's); NaN without a trial."""
+    return tuple(stats.binomtest(k, n).proportion_ci(level, method="wilson")) if n else (math.nan, math.nan)
+
+
 def new_seed_range(values, level=0.95):
     """Where one more seed's result should land, if seeds' results are normal: a prediction interval,
     mean +- t(n - 1) * sd * sqrt(1 + 1/n). With 5 seeds it is about +-3 sd: wider than their range, which a sixth seed

@@ -4,11 +4,14 @@ pass; a run's learned frames; the re-scoring of a run; the blind read's draw; an
 import json
 import os
 import sys
+from collections import Counter
 
 import pytest
 from paths import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import report  # noqa: E402
+import stat_tests  # noqa: E402
 from studies import clean_success as cs  # noqa: E402
 
 
@@ -143,30 +146,46 @@ def test_rescore_fails_a_ruled_success_and_leaves_failures_failed():
     assert "word doubled" in out[0]["rules"] and out[1]["rules"] == [] and out[2]["rules"] == []
 
 
-def test_the_blind_read_hides_the_arm_and_seed_and_draws_up_to_six_of_each_run(tmp_path):
+def test_the_blind_read_hides_the_arm_and_seed_and_draws_successes_and_failures_of_each_run(tmp_path):
     def run(n_wins, tag):
-        return [dict(prompt=[{"content": f"p{i}"}], completion=f"{tag} {i}", reward=float(i < n_wins), rules=[])
+        return [dict(prompt=[{"content": f"p{i}"}], completion=f"{tag} {i}", reward=float(i < n_wins), rules=[i])
                 for i in range(10)]  # fmt: skip
 
-    drawn = cs.sample([("arm a", 0, run(8, "a0")), ("arm a", 1, run(2, "a1")), ("arm b", 0, run(0, "b0"))], tmp_path)
-    assert drawn == 6 + 2
+    runs = [("arm a", 0, run(8, "a0")), ("arm a", 1, run(2, "a1")), ("arm b", 0, run(0, "b0"))]
+    drawn = report.blind_read(runs, tmp_path, successes=4, failures=2, key=lambda a: dict(rules=a["rules"]))
+    assert drawn == (4 + 2) + (2 + 2) + (0 + 2)
     seen = [json.loads(line) for line in open(tmp_path / "sample.jsonl")]
     key = [json.loads(line) for line in open(tmp_path / "key.jsonl")]
     assert all(set(s) == {"id", "prompt", "answer"} for s in seen)  # no arm, no seed, no rule
-    assert [s["id"] for s in seen] == [k["id"] for k in key] == list(range(8))
-    assert sorted(k["seed"] for k in key if k["arm"] == "arm a") == [0] * 6 + [1] * 2
-    assert [s["answer"].split()[0] for s in seen] != sorted(s["answer"].split()[0] for s in seen)  # shuffled
+    assert all(list(k) == ["id", "arm", "seed", "rules"] for k in key)
+    assert [s["id"] for s in seen] == [k["id"] for k in key] == list(range(12))
+    assert sorted(k["seed"] for k in key if k["arm"] == "arm a") == [0] * 6 + [1] * 4
+    kinds = Counter()  # (run, success) -> how many drawn: up to 4 successes and 2 failures of each
+    for s, k in zip(seen, key):
+        tag, i = s["answer"].split()
+        kinds[tag, int(i) < {"a0": 8, "a1": 2, "b0": 0}[tag]] += 1
+        assert k["rules"] == [int(i)]  # what the study adds, of the answer drawn
+    assert kinds == {("a0", True): 4, ("a0", False): 2, ("a1", True): 2, ("a1", False): 2, ("b0", False): 2}
+    assert [s["answer"] for s in seen] != sorted(s["answer"] for s in seen)  # shuffled
     again = tmp_path / "again"
-    cs.sample([("arm a", 0, run(8, "a0")), ("arm a", 1, run(2, "a1")), ("arm b", 0, run(0, "b0"))], again)
+    report.blind_read(runs, again, successes=4, failures=2, key=lambda a: dict(rules=a["rules"]))
     assert (again / "sample.jsonl").read_text() == (tmp_path / "sample.jsonl").read_text()  # the same draw
+
+
+def test_the_blind_read_draws_the_committed_sample_and_key_again(tmp_path):
+    """The clean-success study's draw from the instruction study's committed archive is the committed read, byte for
+    byte."""
+    cs.draw(tmp_path)
+    for name in ("sample.jsonl", "key.jsonl"):
+        assert (tmp_path / name).read_bytes() == open(os.path.join(cs.READ, name), "rb").read(), name
 
 
 def test_wilson_interval_by_hand():
     # 3 of 10: centre (0.3 + 1.96^2 / 20) / (1 + 1.96^2 / 10) = 0.3555, half-width 1.96 sqrt(0.3 * 0.7 / 10 +
     # 1.96^2 / 400) / (1 + 1.96^2 / 10) = 0.2477
-    lo, hi = cs.wilson(3, 10)
+    lo, hi = stat_tests.wilson(3, 10)
     assert (lo, hi) == pytest.approx((0.3555 - 0.2477, 0.3555 + 0.2477), abs=2e-4)
-    assert all(x != x for x in cs.wilson(0, 0))  # no read: no interval
+    assert all(x != x for x in stat_tests.wilson(0, 0))  # no read: no interval
 
 
 def test_measured_keeps_the_chosen_seeds_and_prompts_and_scores_by_the_measure():

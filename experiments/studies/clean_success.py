@@ -13,18 +13,17 @@ hidden; the report sets each rule against it.
 import argparse
 import json
 import os
-import random
 import re
 import sys
 from collections import Counter
 from dataclasses import replace
 
 import numpy as np
-from scipy import stats
 
 EXPERIMENTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, EXPERIMENTS)  # `python experiments/studies/clean_success.py sample` from the root
 import report  # noqa: E402
+import runner  # noqa: E402
 import smollm2  # noqa: E402
 import stat_tests  # noqa: E402
 
@@ -32,6 +31,7 @@ from studies import instruction_study  # noqa: E402
 
 START_ANSWERS = os.path.join(EXPERIMENTS, "smollm2", "constraints", "start_answers.jsonl")  # the starting model's
 READ = os.path.join(EXPERIMENTS, "results", "instructions_read")  # the blind read: sample, key, labels
+PER_RUN = 6  # successes the blind read draws from each run (all where it has fewer), with seed 0
 FRAME_SHARE, FRAME_LIFT = 0.15, 3.0  # a learned frame: in >= 15% of a run's successes, >= 3x the starting model's share
 
 
@@ -171,26 +171,6 @@ def rescore(answers, rows, start):
     return out
 
 
-# ---- the blind read --------------------------------------------------------------------------------------------------
-PER_RUN, SAMPLE_SEED = 6, 0  # successes drawn from each run (all where it has fewer), and the draw's seed
-
-
-def sample(runs, out=READ):
-    """Draw the blind read: up to PER_RUN successes of every run (runs: (arm, seed, answers)), shuffled, numbered;
-    `sample.jsonl` holds what the reader sees (the prompt and the answer), `key.jsonl` the arm, seed and rules."""
-    rng, drawn = random.Random(SAMPLE_SEED), []
-    for arm, seed, answers in runs:
-        wins = [a for a in answers if a["reward"] == 1]
-        drawn += [(arm, seed, a) for a in rng.sample(wins, min(PER_RUN, len(wins)))]
-    rng.shuffle(drawn)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "sample.jsonl"), "w") as s, open(os.path.join(out, "key.jsonl"), "w") as k:
-        for i, (arm, seed, a) in enumerate(drawn):
-            s.write(json.dumps(dict(id=i, prompt=a["prompt"][-1]["content"], answer=a["completion"])) + "\n")
-            k.write(json.dumps(dict(id=i, arm=arm, seed=seed, rules=a["rules"])) + "\n")
-    return len(drawn)
-
-
 # ---- the report's sections -------------------------------------------------------------------------------------------
 def rescored(rows):
     """The report's rows, each run's answers re-scored (rescore)."""
@@ -283,10 +263,6 @@ def mix_table(rows, ctx):
     )
 
 
-def wilson(k, n):
-    return tuple(stats.binomtest(k, n).proportion_ci(method="wilson")) if n else (float("nan"),) * 2
-
-
 def read_table(rows, ctx):
     """The blind read against the rules: per arm, the share of its drawn successes the reader would not count (95%
     Wilson interval) beside the rules'; per rule, its precision and recall against the reader's label."""
@@ -303,7 +279,7 @@ def read_table(rows, ctx):
     for r in rows:
         mine = [x for x in read if x["arm"] == r["config"]]
         out = sum(not x["countable"] for x in mine)
-        lo, hi = wilson(out, len(mine))
+        lo, hi = stat_tests.wilson(out, len(mine))
         ruled = np.mean([bool(x["rules"]) for x in mine]) if mine else float("nan")
         success = r["reward"][0]
         counted = f"{success * (1 - out / len(mine)):.3f} ({success * (1 - hi):.3f}, {success * (1 - lo):.3f})"
@@ -337,15 +313,15 @@ SUITES = {
 }
 
 
-def main():
-    """Draw the blind read from the instruction study's archive."""
-    import runner
-
+def draw(out=READ):
+    """Draw the blind read from the instruction study's archive: up to PER_RUN successes of every run, each key line
+    with the rules that fail it."""
     results = os.path.join(EXPERIMENTS, "results")
     configs = instruction_study.SUITES["instructions"].runs(results, report.choose_rates(results))
     rows = rescored(report.summarize(runner.load_runs(results, "instructions"), configs))
     runs = [(r["config"], s["seed"], run) for r in rows for s, run in zip(r["args"], r["answers"])]
-    print(f"{sample(runs)} successes drawn into {READ}")
+    drawn = report.blind_read(runs, out, successes=PER_RUN, key=lambda answer: dict(rules=answer["rules"]))
+    print(f"{drawn} successes drawn into {out}")
 
 
 if __name__ == "__main__":
@@ -354,4 +330,4 @@ if __name__ == "__main__":
         "command", choices=["sample"], help="sample: write instructions_read/sample.jsonl and key.jsonl"
     )
     parser.parse_args()
-    main()
+    draw()
