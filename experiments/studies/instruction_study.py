@@ -7,6 +7,7 @@ Its rate rule is the second study's (the grid grows past an edge that wins), ame
 """
 
 import json
+import re
 from collections import Counter
 from dataclasses import replace
 
@@ -34,17 +35,40 @@ INSTRUCTION_PAIRS = PAIRS + [("grpo offline+humanline", "grpo offline, no anchor
 KTO_ONLINE_RATE = 1.6e-4
 
 
+# ways to score without doing the task well, hunted in every success (the report's "hacks" section): the asked word
+# twice ("The dog is cold due to the cold weather."), a word doubled ("A dog is soft and soft."), and a template: the
+# same run of four words, the topic's and the asked word's put aside, in many answers ("_ _ is a type of _ that is _")
+DOUBLED = re.compile(r"\b([a-z]+)\b,?\s+(?:and|or|but)\s+(?:so\s+|very\s+)?\1\b", re.IGNORECASE)
+
+
+def skeleton(text, topic, asked):
+    """The answer's words, the topic's words and the asked word each read as "_"."""
+    aside = set(smollm2.words(topic)) | smollm2.noun_forms(topic) | {asked}
+    return ["_" if w.removesuffix("'s") in aside else w for w in smollm2.words(text)]
+
+
+def four_grams(text, topic, asked):
+    ws = skeleton(text, topic, asked)
+    return {" ".join(ws[i : i + 4]) for i in range(len(ws) - 3)}
+
+
+def as_read(answer, rows):
+    """(text, topic, asked word) of an answer, as four_grams reads it, from its prompt's row (report.test_rows)."""
+    row = rows[json.dumps(answer["prompt"])]
+    return answer["completion"], row["topic"], smollm2.asked_word(row["constraint"])
+
+
 def commonest(wins):
-    """The four words (smollm2.four_grams) most of these successes hold, the first in order among equals, and the
+    """The four words (four_grams) most of these successes hold, the first in order among equals, and the
     share that holds them."""
-    counts = Counter(g for win in wins for g in smollm2.four_grams(*win))
+    counts = Counter(g for win in wins for g in four_grams(*win))
     common = sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:1] or [("–", 0)]
     return common[0][0], common[0][1] / max(len(wins), 1)
 
 
 def hacks(rows, ctx):
     """Of each row's successes (its seeds' pooled), the shares that talk about the task, say the asked word twice,
-    double a word ("soft and soft"), and hold the row's commonest four words (a template: smollm2's); and the run whose
+    double a word ("soft and soft"), and hold the row's commonest four words (a template); and the run whose
     successes hold their own commonest four words most, the first seed among equals (one seed's template, which
     pooling hides)."""
     split = report.test_rows(ctx.entry.task)
@@ -55,18 +79,14 @@ def hacks(rows, ctx):
         "",
     ]
 
-    def win(a):  # a success as four_grams reads it: its text, its topic, its asked word
-        row = split[json.dumps(a["prompt"])]
-        return a["completion"], row["topic"], smollm2.asked_word(row["constraint"])
-
     shown = []
     for r in rows:
-        runs = [[win(a) for a in run if a["reward"] == 1] for run in r["answers"]]
+        runs = [[as_read(a, split) for a in run if a["reward"] == 1] for run in r["answers"]]
         wins = [w for run in runs for w in run]
         share = lambda says: f"{np.mean([says(*w) for w in wins]):.3f}" if wins else "–"  # noqa: E731
         cells = [share(lambda t, *_: smollm2.talks_about_the_task(t))]
         cells += [share(lambda t, _, w: w is not None and smollm2.words(t).count(w) >= 2)]
-        cells += [share(lambda t, *_: smollm2.DOUBLED.search(t) is not None)]
+        cells += [share(lambda t, *_: DOUBLED.search(t) is not None)]
         gram, most = commonest(wins)
         cells += [f"{most:.3f} ({gram})"]
         by_seed = {seed["seed"]: commonest(run) for run, seed in zip(runs, r["args"])}
