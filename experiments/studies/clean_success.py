@@ -43,29 +43,20 @@ def learned_frames(successes, start_answers):
     successes, start_answers: lists of (text, topic, asked word)."""
     held = Counter(g for s in successes for g in four_grams(*s))
     start = Counter(g for s in start_answers for g in four_grams(*s))
-    return {
-        g
-        for g, n in held.items()
-        if n / len(successes) >= FRAME_SHARE and n / len(successes) >= FRAME_LIFT * start[g] / len(start_answers)
-    }
-
-
-REPEAT = re.compile(r"\b([a-z]+)\s+\1\b", re.IGNORECASE)  # "fluffy fluffy"
+    wins, answers = len(successes), len(start_answers)
+    return {g for g, n in held.items() if n / wins >= FRAME_SHARE and n / wins >= FRAME_LIFT * start[g] / answers}
 
 
 def doubled_word(text):
     """A word joined to itself ("soft and soft", "small or small", "warm, and very warm") or said twice in a row."""
-    return DOUBLED.search(text) is not None or REPEAT.search(text) is not None
-
-
-COPULA = {"is", "are", "was", "were"}
+    return DOUBLED.search(text) is not None or re.search(r"\b([a-z]+)\s+\1\b", text, re.IGNORECASE) is not None
 
 
 def tautology(text, topic):
     """The topic's noun before the first "is/are/was/were" and again within the four words after it ("Snow is snow.",
     "The book is a blue book.", "Old river is a type of river that is not young.")."""
     ws = [w.removesuffix("'s") for w in smollm2.words(text)]
-    at = next((i for i, w in enumerate(ws) if w in COPULA), None)
+    at = next((i for i, w in enumerate(ws) if w in {"is", "are", "was", "were"}), None)
     forms = smollm2.noun_forms(topic)
     return at is not None and bool(forms & set(ws[:at])) and bool(forms & set(ws[at + 1 : at + 5]))
 
@@ -100,19 +91,16 @@ def stray_quote(text):
     return t.count('"') % 2 == 1 or t.count("“") != t.count("”") or closing
 
 
-SUBJECTS = {"it", "he", "she", "this", "that", "which", "who", "one"}
-
-
 def no_verb(text, topic):
     """No finite verb anywhere: none of smollm2.FINITE's, no contraction ("it's"), no word in -ed, and no word in -s
     right after the topic's noun or a pronoun ("The river flows", "it glows"). A present-tense verb after a plural
     ("Birds sing") goes unseen: the blind read measures how often."""
     ws = smollm2.words(text)
-    forms = smollm2.noun_forms(topic)
+    subjects = smollm2.noun_forms(topic) | {"it", "he", "she", "this", "that", "which", "who", "one"}
     for i, w in enumerate(ws):
         if w in smollm2.FINITE or smollm2.CONTRACTED.search(w) or (len(w) > 4 and w.endswith("ed")):
             return False
-        if i and (ws[i - 1] in forms or ws[i - 1] in SUBJECTS) and w.endswith("s") and not w.endswith("ss"):
+        if i and ws[i - 1] in subjects and w.endswith("s") and not w.endswith("ss"):
             return False
     return True
 
@@ -199,19 +187,18 @@ def tests_table(rows, ctx):
         "without seed 0": dict(seeds=lambda seed: seed != 0),
         "held-out topics alone (128 prompts)": dict(prompts=held_out),
     }
+
+    def tested(key, how):  # the comparisons, each row scored by `key` on the seeds and prompts `how` keeps
+        return stat_tests.paired([measured(r, key, **how) for r in rows], ctx.entry.pairs(ctx.names), 0.05, 0)
+
     lines = []
     for view, how in views.items():
-        found = {}
-        for key in ("reward", "clean"):
-            tests = stat_tests.paired([measured(r, key, **how) for r in rows], ctx.entry.pairs(ctx.names), 0.05, 0)
-            found[key] = {t["comparison"]: t for t in tests}
         lines += ["", f"The comparisons, {view}: the mean paired difference (95% interval), Holm's p, the verdict:", ""]
         shown = []
-        for name, t in found["reward"].items():
-            c = found["clean"][name]
+        for t, c in zip(tested("reward", how), tested("clean", how)):  # the same comparisons, in the same order
             cells = [f"{x['diff']:+.3f} ({x['ci'][0]:+.3f}, {x['ci'][1]:+.3f}), p {x['p_holm']:.3g}" for x in (t, c)]
             same = "yes" if t["verdict"] == c["verdict"] else "no"
-            shown.append([name, t["seeds"], cells[0], t["verdict"], cells[1], c["verdict"], same])
+            shown.append([t["comparison"], t["seeds"], cells[0], t["verdict"], cells[1], c["verdict"], same])
         columns = "comparison | seeds | reward | verdict | clean | verdict | the same verdict"
         lines += report.table(columns, shown)
     return lines
@@ -248,11 +235,8 @@ def mix_table(rows, ctx):
 def read_table(rows, ctx):
     """The blind read against the rules: per arm, the share of its drawn successes the reader would not count (95%
     Wilson interval) beside the rules'; per rule, its precision and recall against the reader's label."""
-    path = os.path.join(READ, "labels.jsonl")
-    if not os.path.exists(path):
-        return ["", "The blind read: experiments/results/instructions_read/labels.jsonl is not written yet."]
     key = {k["id"]: k for k in map(json.loads, open(os.path.join(READ, "key.jsonl")))}
-    read = [key[x["id"]] | x for x in map(json.loads, open(path))]
+    read = [key[x["id"]] | x for x in map(json.loads, open(os.path.join(READ, "labels.jsonl")))]
     lines = ["", f"The blind read: {len(read)} successes drawn across every run (up to {PER_RUN} each), read shuffled"]
     lines += ["with the arm and seed hidden. Per arm, the share the reader would not count (95% Wilson interval)"]
     lines += ["beside the share any rule fails, and the arm's success by the reward times the share the reader would"]
@@ -272,8 +256,7 @@ def read_table(rows, ctx):
     lines += ["", "Each rule against the reader's label for it (precision: of the successes it fails, the share the"]
     lines += ["reader labelled so; recall: of those the reader labelled so, the share it fails):", ""]
     shown = []
-    pairs = list(READER.items()) + [("any rule", "not countable")]
-    for rule, label in pairs:
+    for rule, label in [*READER.items(), ("any rule", "not countable")]:
         fires = [bool(x["rules"]) if rule == "any rule" else rule in x["rules"] for x in read]
         says = [not x["countable"] if label == "not countable" else label in x["reasons"] for x in read]
         both = sum(f and s for f, s in zip(fires, says))
