@@ -16,21 +16,17 @@ import plots
 import runner
 import smollm2
 import suites
-from stat_tests import EQUIVALENCE_MARGIN, mean_se, new_seed_range, paired, significance
+from stat_tests import mean_se, new_seed_range, paired, significance
 from suites import rate_of
 
 EQUATION = re.compile(r"\d+\s*\+\s*\d+\s*=\s*-?\d")  # a written sum, "47 + 38 = 85"
 
 
 # ---- summaries -------------------------------------------------------------------------------------------------------
-def clamps(flags):
-    clip = flags[flags.index("--clip") + 1] if "--clip" in flags else "none"
-    return "--humanline" in flags or clip in ("clamp", "sampling")
-
-
 def regime(flags, clamped_frac):
     """Which regime a run is in: does the humanline clamp act on its tokens (the paper's regime) or not?"""
-    if not clamps(flags):
+    clip = flags[flags.index("--clip") + 1] if "--clip" in flags else "none"
+    if "--humanline" not in flags and clip not in ("clamp", "sampling"):
         return "no clamp"
     return "clamp active" if clamped_frac >= 0.01 else "clamp rare" if clamped_frac >= 0.001 else "clamp idle"
 
@@ -153,10 +149,10 @@ def provenance_line(rows):
     return line
 
 
-def long_table(rows, held_out="the toy test problems"):
+def long_table(rows, ctx):
     """Two tables: the held-out results, then time and the humanline diagnostics."""
     lines = [
-        f"Final held-out greedy reward and exact accuracy on {held_out} (mean ± standard error over seeds); "
+        f"Final held-out greedy reward and exact accuracy on {ctx.entry.held_out} (mean ± standard error over seeds); "
         "`new seed`: where one more seed's reward should land (a 95% prediction interval from these seeds); the "
         "learning rate; the regime of the humanline diagnostics below (clamp active: >= 1% of tokens outside the "
         "clamp's range, rare: 0.1-1%, idle: < 0.1%).",
@@ -182,7 +178,10 @@ def long_table(rows, held_out="the toy test problems"):
     return lines + table(columns + " | logp rejected", [[r["config"], *(fmt(r[k], d) for k, d in shown)] for r in rows])
 
 
-def tests_table(tests, title="the comparisons of this table", margin=EQUIVALENCE_MARGIN):
+def tests_table(rows, ctx):
+    """Welch's tests of the suite's comparisons, with TOST (stat_tests.significance)."""
+    margin = ctx.entry.margin
+    tests = significance(rows, ctx.entry.pairs(ctx.names), margin)
     if not tests:
         return []
     ps = ("p", "p_holm", "p_tost", "p_tost_holm")
@@ -190,7 +189,7 @@ def tests_table(tests, title="the comparisons of this table", margin=EQUIVALENCE
         "",
         f"Welch t-tests of a difference in final reward and two one-sided tests (TOST) of equivalence within "
         f"±{margin:g} reward (the margin fixed before the runs), each Holm-Bonferroni corrected over "
-        f"{title}; the verdict at the 5% level:",
+        "the comparisons of this table; the verdict at the 5% level:",
         "",
         *table(
             "comparison | reward difference | p (Welch) | p (Holm) | p (TOST) | p (TOST, Holm) | verdict",
@@ -199,7 +198,10 @@ def tests_table(tests, title="the comparisons of this table", margin=EQUIVALENCE
     ]
 
 
-def paired_table(tests, margin):
+def paired_table(rows, ctx):
+    """The suite's comparisons paired by seed (stat_tests.paired)."""
+    margin = ctx.entry.margin
+    tests = paired(rows, ctx.entry.pairs(ctx.names), margin)
     if not tests:
         return []
     return [
@@ -224,7 +226,7 @@ def paired_table(tests, margin):
     ]
 
 
-def time_ratios(rows):
+def time_ratios(rows, ctx):
     by = {r["config"]: r for r in rows}
     pairs = [
         (f"{algo} {slow}", f"{algo} {fast}")
@@ -265,18 +267,16 @@ def real_sweep_table(rows, ctx):
     task, (prefix, arms) = ctx.entry.task, ctx.entry.arms
     at, chosen = at_rates(ctx.configs, rows), best_rates(ctx.configs, rows)
     keys = {name: f"{task} {prefix}{name}" for name in arms}
-    tried = [
-        round(c.rate / suites.arm_lr(arm), 6) for n, arm in arms.items() for c in ctx.configs if c.variant == keys[n]
-    ]
-    multiples = sorted(set(tried))
+    paper = {name: suites.paper_lr(f"{arm[0]} {arm[1]}") for name, arm in arms.items()}  # each arm's paper rate
+    multiples = sorted({round(c.rate / paper[n], 6) for n in arms for c in ctx.configs if c.variant == keys[n]})
     lines = [
         "",
         "Validation success (cut share) at each learning rate, x the paper's rate for that variant, and the one",
     ]
     lines += ["chosen:", ""]
     shown = []
-    for name, arm in arms.items():
-        rates, key = [f"{m * suites.arm_lr(arm):g}" for m in multiples], keys[name]
+    for name in arms:
+        rates, key = [f"{m * paper[name]:g}" for m in multiples], keys[name]
         found = [at.get((key, rate)) for rate in rates]
         cells = [f"{c['reward'][0]:.3f} ({c['cut'][0]:.2f}) at {rate}" if c else "" for c, rate in zip(found, rates)]
         shown.append([name, *cells, "not yet" if chosen.get(key) is None else f"{chosen[key]:g}"])
@@ -333,9 +333,8 @@ def answers(rows, ctx):
             lines += ["", f"**{r['config']}, seed {seed['seed']}**", ""]
             for a in first.values():
                 said = a["completion"].strip().replace("\n", " ").replace("|", "/")
-                lines.append(
-                    f"- {a['prompt'][-1]['content']} → {said!r} ({a['reward']:.0f}{', cut' * (not a['finished'])})"
-                )
+                cut = ", cut" * (not a["finished"])
+                lines.append(f"- {a['prompt'][-1]['content']} → {said!r} ({a['reward']:.0f}{cut})")
     return lines
 
 
@@ -373,24 +372,15 @@ def phrasing(rows, ctx):
         rewards = [[np.mean([a["reward"] for a in run]) for run in k] for k in kept]
         part_rows[part] = [dict(r, answers=k, rewards=x) for r, k, x in zip(rows, kept, rewards)]
     equation = lambda a: a["finished"] and EQUATION.search(a["completion"]) is not None  # noqa: E731
+    both = len(parts) > 1
     if addition:
-        lines = [
-            "",
-            'By phrasing: success and the share of answers that are finished equations ("a + b = c", not cut) on',
-        ]
-        lines += [
-            "the three training phrasings" + " and on the held-out one" * (len(parts) > 1) + ", and the shares of"
-        ]
+        head = 'By phrasing: success and the share of answers that are finished equations ("a + b = c", not cut) on'
+        lines = ["", head, "the three training phrasings" + " and on the held-out one" * both + ", and the shares of"]
     else:
-        lines = [
-            "",
-            "By topic: success on the training topics and words" + " and on the held-out ones" * (len(parts) > 1),
-        ]
-        lines += ["(topics and words no training prompt uses), and the shares of"]
-    lines += [
-        "tokens outside [-1.5, 1.5] and bound by the ratio clip, averaged over training (mean ± standard error over"
-    ]
-    lines += ["seeds):", ""]
+        head = "By topic: success on the training topics and words" + " and on the held-out ones" * both
+        lines = ["", head, "(topics and words no training prompt uses), and the shares of"]
+    tail = "tokens outside [-1.5, 1.5] and bound by the ratio clip, averaged over training (mean ± standard error over"
+    lines += [tail, "seeds):", ""]
     shown = []
     for i, r in enumerate(rows):
         success = [fmt(mean_se(p[i]["rewards"])) for p in part_rows.values()]
@@ -403,11 +393,10 @@ def phrasing(rows, ctx):
     columns = f"configuration | seeds | success: {' | '.join(short)} | "
     columns += f"finished equations: {' | '.join(n.split()[0] for n in short)} | " * addition
     lines += table(columns + "clamped | clipped", shown)
-    if len(parts) < 2:
+    if not both:
         return lines
-    tests = {
-        part: paired(p, ctx.entry.pairs(ctx.names), ctx.entry.margin, resamples=0) for part, p in part_rows.items()
-    }
+    pairs = ctx.entry.pairs(ctx.names)
+    tests = {part: paired(p, pairs, ctx.entry.margin, resamples=0) for part, p in part_rows.items()}
     if not tests[names[1]]:
         return lines
     kind = "phrasing" if addition else "kind of topic"
@@ -419,14 +408,10 @@ def phrasing(rows, ctx):
 
 
 SECTIONS = {
-    "long": lambda rows, ctx: long_table(rows, ctx.entry.held_out),
-    "tests": lambda rows, ctx: tests_table(
-        significance(rows, ctx.entry.pairs(ctx.names), ctx.entry.margin), margin=ctx.entry.margin
-    ),
-    "paired": lambda rows, ctx: paired_table(
-        paired(rows, ctx.entry.pairs(ctx.names), ctx.entry.margin), ctx.entry.margin
-    ),
-    "time": lambda rows, ctx: time_ratios(rows),
+    "long": long_table,
+    "tests": tests_table,
+    "paired": paired_table,
+    "time": time_ratios,
     "real sweep": real_sweep_table,
     "real": real_table,
     "answers": answers,

@@ -10,8 +10,6 @@ import math
 import numpy as np
 from scipy import stats
 
-EQUIVALENCE_MARGIN = 0.01  # the toy's reward: two variants "match" when TOST puts their difference within ±0.01
-
 
 def mean_se(values):
     """Mean and standard error over seeds, leaving out seeds without the value (NaN); NaN where no seed has it, and a
@@ -58,7 +56,7 @@ def tost(a, b, margin):
     return float(max(above, below))
 
 
-def significance(rows, pairs, margin=EQUIVALENCE_MARGIN):
+def significance(rows, pairs, margin):
     """For each pair (a, b): the difference of final rewards, a Welch t-test of a difference and a TOST of equivalence
     within +-margin, each Holm-Bonferroni corrected over the pairs, and what they allow one to say at the 5% level."""
     by, tests = {r["config"]: r for r in rows}, []

@@ -67,10 +67,6 @@ def final_rewards(results, suite):
 
 
 # ---- the real model's suites -----------------------------------------------------------------------------------------
-def arm_lr(arm):  # the paper's rate for an arm's objective and mode
-    return PAPER_LR[f"{arm[0]} {arm[1].split('+')[0]}"]
-
-
 def arm_flags(task, arm, split="test", n=256):
     """An arm's flags: the task's for its objective and mode, the arm's own in place of those they set."""
     algo, mode, more, *_ = arm
@@ -90,10 +86,9 @@ def real_sweep(task, arms, seeds, prefix="", grow=None):
             flags, key = arm_flags(task, arm, "valid", 128), f"{task} {prefix}{name}"
 
             def make(m, arm=arm, flags=flags, key=key, name=name):
-                rate = m * arm_lr(arm)
-                return Config(
-                    f"{task} {name} lr {rate:g}", f"{arm[0]}_humanline.py", flags + lr_flags(rate), seeds, key, rate
-                )
+                rate = m * paper_lr(f"{arm[0]} {arm[1]}")
+                config = f"{task} {name} lr {rate:g}"
+                return Config(config, f"{arm[0]}_humanline.py", flags + lr_flags(rate), seeds, key, rate)
 
             out += grown(results, grow, make, arm[3]) if grow else [make(m) for m in arm[3]]
         return out

@@ -113,7 +113,7 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     off = rows["dpo offline"]
     assert off["seeds"] == 5 and off["reward"][0] == pytest.approx(0.5)
     assert off["reward"][1] == pytest.approx(stats.sem(finals["dpo offline"]))
-    tests = {t["comparison"]: t for t in stat_tests.significance(list(rows.values()), toy.main_pairs([]))}
+    tests = {t["comparison"]: t for t in stat_tests.significance(list(rows.values()), toy.main_pairs([]), 0.01)}
     assert len(tests) == 3  # KTO and GRPO have no runs here
     p = {
         k: stats.ttest_ind(finals[a], finals[b], equal_var=False).pvalue
