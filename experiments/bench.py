@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -172,7 +173,9 @@ def worker(opts):
 
 
 # ---- running a configuration -----------------------------------------------------------------------------------------
-def env_for(device, memory=False):
+def fresh(cmd, device, memory=False):
+    """cmd in a fresh one-thread process on `device` (with `memory`, for its peak memory): its output, or SystemExit
+    with the end of its errors."""
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # a process of its own, not a rank
     env = {k: v for k, v in os.environ.items() if k not in launcher}
     env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -180,19 +183,18 @@ def env_for(device, memory=False):
         env["CUDA_VISIBLE_DEVICES"] = ""
     if memory:  # glibc maps every allocation over 64 KiB on its own and unmaps it when freed: RSS = live memory
         env |= {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
-    return env
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout
 
 
 def run_worker(file, kind, algo, model_path, batch, steps, device, memory=False, **options):
     """A worker of `file` (this one's `floor`, `baseline`; bench_trl.py's) in a fresh process: its JSON line."""
     cmd = [sys.executable, file, "--worker", kind, "--algos", algo, "--model_path", model_path, "--batch", str(batch)]
-    cmd += ["--steps", str(steps)] + [
-        x for k, v in options.items() for x in (f"--{k}", v if isinstance(v, str) else json.dumps(v))
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    cmd += ["--steps", str(steps)]
+    cmd += [x for k, v in options.items() for x in (f"--{k}", v if isinstance(v, str) else json.dumps(v))]
+    return json.loads(fresh(cmd, device, memory).strip().splitlines()[-1])
 
 
 def timed_run(algo, model_path, flags, batch, steps, device, workdir, memory=False, record=None):
@@ -203,16 +205,11 @@ def timed_run(algo, model_path, flags, batch, steps, device, workdir, memory=Fal
     cmd = [sys.executable] + ([] if memory else [os.path.abspath(__file__), "--in_process", timing, record or "-"])
     cmd += [SCRIPTS[algo], "--model_name_or_path", model_path, "--max_steps", str(steps), "--batch_size", str(batch)]
     cmd += ["--micro_batch_size", str(batch), "--eval_prompts", "none", "--save_every", "0", "--output_dir", out]
-    cmd += flags
-    cmd += smollm2_flags(flags) if model_path == smollm2.MODEL else []
-    import resource
-
+    cmd += flags + (smollm2_flags(flags) if model_path == smollm2.MODEL else [])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(device, memory), capture_output=True, text=True)
+    fresh(cmd, device, memory)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        if proc.returncode:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
         records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
         ahead = json.load(open(timing)) if not memory else [0.0, 0.0]  # (wall, CPU) before the first step
     finally:
@@ -358,11 +355,7 @@ def table(rows):
         found = []
         for r in block[1:]:
             if r["config"] == "sync":
-                copy = [
-                    f"{r['step_s'] * 1000:.1f} ms",
-                    f"{r['step_cpu_s'] * 1000:.1f} ms",
-                    f"{100 * r['vs_offline']:.2f}%",
-                ]
+                copy = [f"{r[k] * 1000:.1f} ms" for k in ("step_s", "step_cpu_s")] + [f"{100 * r['vs_offline']:.2f}%"]
                 found.append([r["algo"], "sync (one in-place copy)", *copy] + [""] * (5 + mfu + whole))
                 continue
             online = f"{r.get('completion_tokens_per_s', 0):.0f} (completions, wall)"

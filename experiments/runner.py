@@ -1,15 +1,8 @@
 """Running a suite: each run one training script in a subprocess with one CPU thread, a few at a time; a finished run
-skipped, a stopped one continued; finished runs packed into one archive per suite.
-
-A run is finished when its metrics.jsonl has an evaluation at its last step (or at the step a whole pass of online
-prompts without a batch ended it: converged) whose rewards all scored. A run that fails (a non-zero exit: a crash, a
-reward that failed) or is stopped (a signal) ends the suite at once: the queued runs do not start and the finished ones
-are packed. A real model's run keeps a checkpoint every 4 steps and a rerun of its suite continues it; its wall and CPU
-seconds add up over the attempts, and its args.json keeps each attempt's code (the scripts write it). Runs are written
-to results/runs/<suite>/ and packed, every few runs, into results/<suite>.tar.gz: metrics.jsonl, args.json, the last
-evaluation's answers (eval_samples.jsonl), the real model's quality.json (smollm2.quality), wall and CPU seconds, and
-with --keep_every_eval each evaluation's answers and quality (-step<N>); the weights are deleted. The archive is what
-the report reads and what is committed.
+(`finished`) skipped, a stopped one continued (a real model's, from its checkpoint: `launch`); a run that fails or is
+stopped ends the suite (`run_suite`). Runs are written to results/runs/<suite>/ and packed, every few runs, into
+results/<suite>.tar.gz: what `launch` keeps of each (its metrics, args.json, answers and their quality, wall and CPU
+seconds; not the weights). The archive is what the report reads and what is committed.
 """
 
 import argparse
@@ -71,16 +64,14 @@ def pack(results, suite):
         return
     runs = load_runs(results, suite)
     archive = os.path.join(results, f"{suite}.tar.gz")
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for key in sorted(runs):
-            for name in sorted(runs[key]):
-                data = runs[key][name].encode()
-                info = tarfile.TarInfo(f"{key}/{name}")
-                info.size, info.mode = len(data), 0o644
-                tar.addfile(info, io.BytesIO(data))
     with open(archive + ".tmp", "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as gz:
-        gz.write(buffer.getvalue())
+        with tarfile.open(fileobj=gz, mode="w") as tar:
+            for key in sorted(runs):
+                for name in sorted(runs[key]):
+                    data = runs[key][name].encode()
+                    info = tarfile.TarInfo(f"{key}/{name}")
+                    info.size, info.mode = len(data), 0o644
+                    tar.addfile(info, io.BytesIO(data))
     os.replace(archive + ".tmp", archive)
     for key in runs:
         shutil.rmtree(os.path.join(results, "runs", suite, key), ignore_errors=True)
@@ -180,15 +171,13 @@ def launch(out, suite, name, script, flags, seed, task=None):
             shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
     recorded = os.path.join(out, "args.json")  # the suite's definition beside what the script recorded there
     if os.path.exists(recorded):
-        args = json.load(open(recorded)) | {
-            "suite": dict(name=suite, definition=definition(suite, name, script, flags, seed))
-        }
+        of_suite = dict(name=suite, definition=definition(suite, name, script, flags, seed))
+        args = json.load(open(recorded)) | {"suite": of_suite}
         with open(recorded, "w") as f:
             json.dump(args, f, indent=2)
-    with open(os.path.join(out, "wall_seconds"), "w") as f:
-        f.write(f"{seconds['wall']:.1f}\n")
-    with open(os.path.join(out, "cpu_seconds"), "w") as f:  # last: its presence marks a complete folder
-        f.write(f"{seconds['cpu']:.1f}\n")
+    for kind in ("wall", "cpu"):  # cpu_seconds last: its presence marks a complete folder
+        with open(os.path.join(out, f"{kind}_seconds"), "w") as f:
+            f.write(f"{seconds[kind]:.1f}\n")
     for log in ("log.txt", "quality.log"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out, log))
@@ -282,11 +271,9 @@ def shape(script, flags):
     return script, tuple(sorted(named))
 
 
-def strip(flags, name):
-    if name in flags:
-        i = flags.index(name)
-        return flags[:i] + flags[i + 2 :]
-    return flags
+def strip(flags, name):  # the flags without `name` and its value
+    i = flags.index(name) if name in flags else len(flags)
+    return flags[:i] + flags[i + 2 :]
 
 
 def main():
