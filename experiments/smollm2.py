@@ -10,12 +10,10 @@ defined here once (the suites, the benchmark and the tests import them).
 
 **constraints**: "Write a sentence about winter. End your answer with the word 'cold'." One sentence about one of 30
 topics under one constraint a program checks (include a word, begin or end with it, at most 10, 15 or 20 words, no
-commas). `reward` scores 1.0 only for an answer that finished (not cut by --max_new_tokens), keeps its constraint,
-names its topic as a word (a plural too: "cities" names "a city") and reads as one sentence: 6 to 30 words ending in
-a full stop, question or exclamation mark, mostly distinct words, the asked word at most twice, no "Word:" opening,
-and does not talk about the task (the sentence, the answer, the task, "the word"). So "Soft: Soft.", "Snow is snow.",
-word salad and "This sentence is about snow and ends with the word 'cold'." score 0. Beside it, `quality` measures
-what the reward leaves out: the answers' perplexity under the frozen starting model and their share of repeated words.
+commas). `reward` (below, with each of its checks) scores 1.0 only for a finished answer that keeps its constraint,
+names its topic and reads as one sentence that does the task: "Soft: Soft.", "Snow is snow.", word salad and "This
+sentence is about snow and ends with the word 'cold'." score 0. Beside it, `quality` measures what the reward leaves
+out: the answers' perplexity under the frozen starting model and their share of repeated words.
 
 **addition**: "What is 47 + 38? Reply with the number only." Two-digit sums asked in three phrasings for training and
 validation, and in the test split also in a fourth no training prompt uses. `addition_reward` is 1.0 when the answer
