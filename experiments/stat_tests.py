@@ -1,7 +1,7 @@
-"""The statistics of a suite's report: mean and standard error over seeds, where one more seed should land, Welch's
-t-test of a difference and a TOST of equivalence between two rows' seeds, the same paired by seed (with a bootstrap over
-the held-out prompts), and Holm-Bonferroni over a table's comparisons. Each takes plain numbers or report rows; the
-tests are scipy.stats' own, Holm a few lines of numpy.
+"""The statistics of a suite's report: mean and standard error over seeds, a share's Wilson interval, where one more
+seed should land, Welch's t-test of a difference and a TOST of equivalence between two rows' seeds, the same paired by
+seed (with a bootstrap over the held-out prompts), and Holm-Bonferroni over a table's comparisons. Each takes plain
+numbers or report rows; the tests are scipy.stats' own, Holm a few lines of numpy.
 """
 
 import json
