@@ -96,3 +96,44 @@ def test_the_clamp_studys_report_holds_its_tests_sections_and_plot(tmp_path):
     assert "held-out" in table.split("By phrasing")[1] and table.count(f"**{cs.PLAIN}, seed") == 3
     pytest.importorskip("matplotlib")
     assert open(os.path.join(results, "clamp.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def read_rows(tmp_path, not_counted):
+    """Two arms of 3 seeds (success 0.5 + 0.1 x seed, the second arm 0.1 lower) and their read: 2 successes and 1
+    failure of each run; `not_counted`: (arm, seed) -> how many of its 2 successes the reader does not count."""
+    import json
+
+    arms = [cs.HUMANLINE, cs.SYNC]
+    rows = [
+        dict(config=a, args=[{"seed": s} for s in range(3)], rewards=[0.5 + 0.1 * s - 0.1 * i for s in range(3)])
+        for i, a in enumerate(arms)
+    ]
+    for r in rows:
+        r["answers"] = [[] for _ in r["args"]]
+    key, labels = [], []
+    for a in arms:
+        for s in range(3):
+            for j, reward in enumerate([1, 1, 0]):
+                key.append(dict(id=len(key), arm=a, seed=s, reward=reward))
+                countable = reward == 1 and j >= not_counted.get((a, s), 0)  # the failures: not counted either
+                labels.append(dict(id=len(labels), countable=countable, reason=""))
+    (tmp_path / "key.jsonl").write_text("".join(json.dumps(k) + "\n" for k in key))
+    (tmp_path / "labels.jsonl").write_text("".join(json.dumps(x) + "\n" for x in labels))
+    return rows, SimpleNamespace(entry=CTX.entry, names=arms)
+
+
+def test_the_blind_read_against_the_reward_and_the_tests_it_reruns_where_an_arm_reaches_ten_percent(tmp_path):
+    assert cs.read([], CTX, out=str(tmp_path)) == [
+        "",
+        "The blind read: drawn and read after the study's last run (`clamp_study.py read`).",
+    ]
+    rows, ctx = read_rows(tmp_path, {})
+    table = "\n".join(cs.read(rows, ctx, out=str(tmp_path)))
+    assert f"| {cs.HUMANLINE} | 6 | 0.00 (0.00, 0.39) | 3 | 0.00 (0.00, 0.56) |" in table
+    assert "the tests above stand alone" in table and "times the share" not in table
+    # humanline's seed 2: one of its two successes not counted: 1 of 6 (>= 10%), its success 0.7 -> 0.35
+    rows, ctx = read_rows(tmp_path, {(cs.HUMANLINE, 2): 1})
+    table = "\n".join(cs.read(rows, ctx, out=str(tmp_path)))
+    assert f"| {cs.HUMANLINE} | 6 | 0.17 (0.03, 0.56) | 3 |" in table
+    # the paired differences: 0.1, 0.1 and 0.35 - 0.6 = -0.25: their mean -0.017
+    assert f"| {cs.HUMANLINE} vs {cs.SYNC} | 3 | -0.017 (" in table

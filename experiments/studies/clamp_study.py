@@ -5,19 +5,29 @@ The pilot (`clamp_pilot`, before the plan): humanline synced every 16 or 24 step
 the authors' math settings (docs/paper-runs.md: KL 1e-4, clip 0.2, log-probs at the sampling temperature 0.7, so the
 clamp acts on temperature-scaled log-ratios); one seed each on the validation prompts, the horizon's 2e-5; no tests.
 The comparison (`clamp`, docs/results.md, "The clamp study: the plan", committed before its runs): six arms at the
-authors' settings, 6 seeds, 2e-5, the test prompts every 32 steps; four paired tests, Holm.
+authors' settings, 6 seeds, 2e-5, the test prompts every 32 steps; four paired tests, Holm. After its last run:
+
+    python experiments/studies/clamp_study.py read    # draws the blind read of its answers (clamp_read/)
 """
 
+import argparse
+import json
+import os
+import sys
 from dataclasses import replace
 
 import numpy as np
-import report
-import runner
-from report import fmt, mean_se
-from suites import Config, arm_flags, lr_flags, one_real_suite
 
-from studies.second_study import HL, NO_ANCHOR, OFF
-from studies.third_study import HORIZON_SECTIONS, SYNC_ONLY, VALID_EVERY_32, horizon, horizon_plot
+EXPERIMENTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, EXPERIMENTS)  # `python experiments/studies/clamp_study.py read` from the root
+import report  # noqa: E402
+import runner  # noqa: E402
+import stat_tests  # noqa: E402
+from report import fmt, mean_se  # noqa: E402
+from suites import Config, arm_flags, lr_flags, one_real_suite  # noqa: E402
+
+from studies.second_study import HL, NO_ANCHOR, OFF  # noqa: E402
+from studies.third_study import HORIZON_SECTIONS, SYNC_ONLY, VALID_EVERY_32, horizon, horizon_plot  # noqa: E402
 
 N64 = runner.strip(OFF, "--max_steps") + ["--sample_every", "64"] + HL + VALID_EVERY_32
 AUTHORS_MATH = ["--beta", "1e-4", "--eps", "0.2", "--logps_temperature", "0.7", "--advantage_std", "sample"]
@@ -152,7 +162,64 @@ def collapse(rows, ctx):
     return lines + report.table("configuration | seeds | seeds collapsed | the arm", shown)
 
 
+# ---- the blind read (the plan's): drawn after the last run, labelled by a reader who sees neither arm nor seed
+READ = os.path.join(EXPERIMENTS, "results", "clamp_read")  # sample.jsonl, key.jsonl, labels.jsonl
+SUCCESSES, FAILURES, RULE_SHARE = 4, 2, 0.10  # drawn from each run; the not-counted share that re-runs the tests
+
+
+def draw(out=READ):
+    """Draw the blind read from the study's archive: up to 4 successes and 2 failures of every run."""
+    results = os.path.join(EXPERIMENTS, "results")
+    rows = report.summarize(runner.load_runs(results, "clamp"), study_runs(results, {}))
+    runs = [(r["config"], s["seed"], run) for r in rows for s, run in zip(r["args"], r["answers"])]
+    drawn = report.blind_read(runs, out, SUCCESSES, FAILURES, key=lambda answer: dict(reward=answer["reward"]))
+    print(f"{drawn} answers drawn into {out}")
+
+
+def read(rows, ctx, out=READ):
+    """The read against the reward: per arm, the share of its drawn successes the reader would not count as the sum
+    and of its failures they would (95% Wilson intervals). Where an arm's first share reaches 10%, the four tests
+    again on each run's success times the share of its drawn successes the reader counts (the plan)."""
+    if not os.path.exists(os.path.join(out, "labels.jsonl")):
+        return ["", "The blind read: drawn and read after the study's last run (`clamp_study.py read`)."]
+    key = {k["id"]: k for k in map(json.loads, open(os.path.join(out, "key.jsonl")))}
+    labelled = [key[x["id"]] | x for x in map(json.loads, open(os.path.join(out, "labels.jsonl")))]
+    shown, worst = [], 0.0
+    for r in rows:
+        cells = [r["config"]]
+        for success in (True, False):
+            mine = [x for x in labelled if x["arm"] == r["config"] and (x["reward"] == 1) == success]
+            odd = sum(x["countable"] != success for x in mine)  # a success not counted, a failure counted
+            lo, hi = stat_tests.wilson(odd, len(mine))
+            cells += [len(mine), f"{odd / len(mine):.2f} ({lo:.2f}, {hi:.2f})" if mine else "–"]
+            worst = max(worst, odd / len(mine)) if success and mine else worst
+        shown.append(cells)
+    lines = ["", "The blind read: per arm, its drawn successes and the share the reader would not count as the sum,"]
+    lines += ["its drawn failures and the share the reader would (95% Wilson intervals):", ""]
+    lines += report.table("arm | successes read | not counted | failures read | counted", shown)
+    if worst < RULE_SHARE:
+        return lines + ["", f"No arm reaches {RULE_SHARE:.0%} of successes not counted: the tests above stand alone."]
+
+    def counted(r, seed):  # the share of a run's drawn successes the reader counts (1 where none was drawn)
+        mine = [x["countable"] for x in labelled if (x["arm"], x["seed"], x["reward"]) == (r["config"], seed, 1)]
+        return np.mean(mine) if mine else 1.0
+
+    adjusted = [r | dict(rewards=[x * counted(r, s["seed"]) for x, s in zip(r["rewards"], r["args"])]) for r in rows]
+    tests = stat_tests.paired(adjusted, ctx.entry.pairs(ctx.names), ctx.entry.margin, resamples=0)
+    shown = [[t["comparison"], t["seeds"], f"{t['diff']:+.3f} ({t['ci'][0]:+.3f}, {t['ci'][1]:+.3f})"] for t in tests]
+    shown = [cells + [f"{t['p_holm']:.3g}", t["verdict"]] for cells, t in zip(shown, tests)]
+    lines += ["", "The four tests on each run's success times the share of its drawn successes the reader counts:", ""]
+    return lines + report.table("comparison | seeds | difference (95% interval) | p (paired, Holm) | verdict", shown)
+
+
 PLAN = 'The plan of these runs: docs/results.md, "The clamp study: the plan", committed before them.'
 STUDY = one_real_suite("addition", study_runs, ("long", "paired", "real", anchors, clamp_when, horizon, collapse), PLAN)
-STUDY = replace(STUDY, sections=(*STUDY.sections, "phrasing", "answers"), pairs=lambda names: PAIRS)
+STUDY = replace(STUDY, sections=(*STUDY.sections, "phrasing", "answers", read), pairs=lambda names: PAIRS)
 SUITES["clamp"] = replace(STUDY, plot=lambda plt, rows, start: pilot_plot(plt, rows, start, "the clamp study", "test"))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Draw the clamp study's blind read (after its last run).")
+    parser.add_argument("command", choices=["read"], help="write clamp_read/sample.jsonl and key.jsonl")
+    parser.parse_args()
+    draw()
