@@ -1,8 +1,8 @@
 """The commands the README, docs/ and the docstrings show, read as a user would type them.
 
 `commands()` collects every command line that runs a file of this repository: in the code blocks and the inline
-code of README.md and docs/*.md, and in the docstrings of the Python files of the top folder and experiments/.
-A line continued with a backslash is one command; `a && b` is two; a `# comment` is dropped, and so is a `...`
+code of README.md and docs/*.md, and in the docstrings of the Python files of the top folder, experiments/ and its
+studies/. A line continued with a backslash is one command; `a && b` is two; a `# comment` is dropped, and so is a `...`
 that stands for more flags, and a redirect or a pipe after the command. Each is a `Command`: where it is shown (page
 or file, and line), the environment variables it sets (`WORLD_SIZE=8 python ...`), how it is launched (`python`,
 `torchrun`, `pytest`), the file it runs, its arguments, and the number of processes it starts (torchrun's
@@ -36,7 +36,8 @@ def pages():
 def python_files():
     return sorted(
         os.path.relpath(p, ROOT)
-        for p in glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "experiments", "*.py"))
+        for folder in ("", "experiments", os.path.join("experiments", "studies"))
+        for p in glob.glob(os.path.join(ROOT, folder, "*.py"))
     )
 
 
