@@ -137,3 +137,17 @@ def test_the_blind_read_against_the_reward_and_the_tests_it_reruns_where_an_arm_
     assert f"| {cs.HUMANLINE} | 6 | 0.17 (0.03, 0.56) | 3 |" in table
     # the paired differences: 0.1, 0.1 and 0.35 - 0.6 = -0.25: their mean -0.017
     assert f"| {cs.HUMANLINE} vs {cs.SYNC} | 3 | -0.017 (" in table
+
+
+def test_every_arm_passes_the_scripts_flag_checks():
+    """Each arm's flags as the script reads them at start-up (its parser and checks, stopped before the model loads):
+    an arm the script would refuse (a --beta it calls idle on-policy, say) fails here, not an hour into a study."""
+    from test_formats import parsed
+
+    def here(flag):  # the prompt files from any folder; a model whose config.json the tests keep for the real one's
+        local = os.path.join(ROOT, flag)
+        return "Qwen/Qwen2.5-0.5B-Instruct" if "SmolLM2" in flag else local if os.path.isfile(local) else flag
+
+    for c in studies.SUITES["clamp"].runs("no-results", {}) + studies.SUITES["clamp_pilot"].runs("no-results", {}):
+        args = parsed("grpo", [here(flag) for flag in c.flags])
+        assert args.max_steps == 192 and args.logps_temperature in (0.7, 1.0), c.name

@@ -1060,6 +1060,10 @@ def test_the_clamp_study_runs_its_six_arms_at_the_authors_settings_each_changing
         assert given(c, "--sync_every") == ("24" if "k = 24" in name else None)
         assert ("--humanline" in c.flags) == ("+humanline" in name) and ("--clip" in c.flags) == ("sync only" in name)
         assert (given(c, "--beta"), given(c, "--eps")) == (("0", "1e9") if "no anchor" in name else ("1e-4", "0.2"))
+        # the KL to the start where nothing syncs and there is a KL (the plan's amendment): online, plain off-policy
+        assert given(c, "--kl_baseline") == (
+            "initial" if name in ("grpo online, N = 1", "grpo off-policy, N = 64") else None
+        )
     study = studies.SUITES["clamp"]
     assert [tuple(configs[a].name for a in pair) for pair in study.pairs(list(configs))] == [
         ("grpo off-policy+humanline, N = 64, k = 24", "grpo off-policy, sync only, N = 64, k = 24"),

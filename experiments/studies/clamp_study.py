@@ -102,15 +102,17 @@ SUITES = {"clamp_pilot": replace(PILOT, plot=pilot_plot, same_numbers=SAME_NUMBE
 TEST_EVERY_32 = ["--keep_every_eval", "--max_steps", "192", "--eval_every", "32"]  # the test prompts: nothing is chosen
 BASE = runner.strip(OFF, "--max_steps") + TEST_EVERY_32 + AUTHORS_MATH
 N64_AUTHORS = BASE + ["--sample_every", "64"]
+INITIAL = ["--kl_baseline", "initial"]  # the KL to the starting model (the authors' TRL reference, never synced)
 HUMANLINE, SYNC = "grpo off-policy+humanline, N = 64, k = 24", "grpo off-policy, sync only, N = 64, k = 24"
 ONLINE, CONTROL, PLAIN = "grpo online, N = 1", "grpo off-policy, N = 64, no anchor", "grpo off-policy, N = 64"
 K1 = "grpo off-policy+humanline, N = 64, k = 1"
 STUDY_ARMS = {  # in the order each seed runs them: the clamp's own test first
     HUMANLINE: N64_AUTHORS + HL + ["--sync_every", "24"],
     SYNC: N64_AUTHORS + SYNC_ONLY + ["--sync_every", "24"],  # the same sync, no clamp
-    ONLINE: BASE,  # sampled every step
+    # the plan's amendment (before either arm ran): without a sync, the authors' KL is to the initial model
+    ONLINE: BASE + INITIAL,  # sampled every step
     CONTROL: runner.strip(runner.strip(N64_AUTHORS, "--beta"), "--eps") + NO_ANCHOR,  # no KL, a clip that never binds
-    PLAIN: N64_AUTHORS,  # the trust region around the stale sampler (the reference: the start)
+    PLAIN: N64_AUTHORS + INITIAL,  # the ratio clipped around the stale sampler, the KL to the start
     K1: N64_AUTHORS + HL,  # synced every step: the paper's collapse
 }
 SEEDS = tuple(range(6))
