@@ -338,6 +338,10 @@ def answers(rows, ctx):
     return lines
 
 
+def largest_step(row, key):  # a training metric's largest value on any step of any of the row's seeds
+    return max((v for t in row["train"] for _, v in t[key]), default=math.nan)
+
+
 def signal(rows, ctx):
     """GRPO's groups: the share of training steps without signal from the rewards (every group of the step scored
     alike: grpo/no_signal 1.0), the share of sequences with advantage 0, and the share of tokens the clamp acts on."""
@@ -349,7 +353,7 @@ def signal(rows, ctx):
         values = [[v for _, v in t["grpo/no_signal"]] for t in r["train"]]
         steps = mean_se([np.mean([v == 1.0 for v in run]) if run else math.nan for run in values])
         sequences = mean_se([np.mean(run) if run else math.nan for run in values])
-        largest = max((v for t in r["train"] for _, v in t["humanline/clamped_frac"]), default=math.nan)
+        largest = largest_step(r, "humanline/clamped_frac")
         shown.append([r["config"], r["seeds"], fmt(steps), fmt(sequences), fmt(r["clamped_frac"], 4), f"{largest:.4f}"])
     columns = "steps without signal | sequences without signal | clamped tokens | largest step's"
     return lines + ["", *table(f"configuration | seeds | {columns}", shown)]

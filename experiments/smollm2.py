@@ -496,7 +496,9 @@ def main():
     commands = ["model", "prompts", "baseline", "pairs", "memory", "quality"]
     parser.add_argument("command", choices=commands, help="what to make")
     parser.add_argument("--task", choices=sorted(TASKS), default="constraints", help="baseline, pairs, quality")
-    parser.add_argument("--samples", help="quality: a run's eval_samples[-step<N>].jsonl")
+    parser.add_argument(
+        "--samples", help="quality: a run's eval_samples[-step<N>].jsonl (writes quality[-step<N>].json)"
+    )
     args = parser.parse_args()
     if args.command == "quality":
         found = quality(args.samples, args.task)  # eval_samples[-step<N>].jsonl -> quality[-step<N>].json beside it

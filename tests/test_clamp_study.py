@@ -27,19 +27,27 @@ def row(config, flags, clamped, clip=(), curves=(), no_signal=()):
     means = [sum(c) / len(c) for c in clamped]
     clips = [sum(c) / len(c) for c in clip] if clip else [0.0] * len(clamped)
     return dict(
-        config=config, flags=flags, seeds=len(clamped), train=train, args=[{"seed": i} for i in range(len(clamped))],
-        clamped_frac=(sum(means) / len(means), float("nan")), clip_frac=(sum(clips) / len(clips), float("nan")),
+        config=config,
+        flags=flags,
+        seeds=len(clamped),
+        train=train,
+        args=[{"seed": i} for i in range(len(clamped))],
+        clamped_frac=(sum(means) / len(means), float("nan")),
+        clip_frac=(sum(clips) / len(clips), float("nan")),
         curves=list(curves),
-    )  # fmt: skip
+    )
 
 
 def test_the_shares_of_the_clamp_and_the_clip_averaged_and_on_their_largest_step():
+    import report
+
     clamped, clip = [[0.0, 0.02, 0.0, 0.02], [0.0, 0.08]], [[0.1, 0.1, 0.1, 0.1], [0.3, 0.1]]
     r = row("a", [], clamped, clip, no_signal=[[1.0, 0.5, 1.0, 0.0], [1.0, 1.0]])
-    table = "\n".join(cs.anchors([r], CTX))
-    # the clamp: seeds average 0.01 and 0.04, largest step 0.08; the clip: 0.1 and 0.2, largest 0.3; steps whose
-    # every group scored alike (no_signal 1.0): 2 of 4 and 2 of 2
-    assert "| a | 2 | 0.0250 | 0.0800 | 0.1500 | 0.3000 | 0.750 ± 0.250 |" in table
+    # the clip: seeds average 0.1 and 0.2, largest step 0.3
+    assert "| a | 2 | 0.1500 | 0.3000 |" in "\n".join(cs.clip([r], CTX))
+    # the clamp (the shared section): seeds average 0.01 and 0.04, largest step 0.08; steps whose every group scored
+    # alike (no_signal 1.0): 2 of 4 and 2 of 2; sequences without signal: 0.625 and 1.0
+    assert "| a | 2 | 0.750 ± 0.250 | 0.812 ± 0.187 | 0.0250 | 0.0800 |" in "\n".join(report.signal([r], CTX))
 
 
 def test_where_the_clamp_acts_in_a_sync_window_and_each_sampling_round():
@@ -92,6 +100,7 @@ def test_the_clamp_studys_report_holds_its_tests_sections_and_plot(tmp_path):
     assert "Test success at each evaluation" in table and "| configuration | 32 | 64 | 96 | 128 | 160 | 192 |" in table
     assert f"| {cs.K1} | 3 | none | does not collapse |" in table
     assert f"| {cs.HUMANLINE} | 24 | 0.0100 | 0.0100 | 0.0100 | 0.0100 | 0.0100 |" in table
+    assert "| configuration | seeds | clipped tokens | largest step's |" in table and "steps without signal" in table
     assert f"| {cs.ONLINE} | 24 |" not in table and f"| {cs.K1} | 24 |" not in table  # no window of 24 steps
     assert "held-out" in table.split("By phrasing")[1] and table.count(f"**{cs.PLAIN}, seed") == 3
     pytest.importorskip("matplotlib")

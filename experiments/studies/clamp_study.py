@@ -23,7 +23,7 @@ sys.path.insert(0, EXPERIMENTS)  # `python experiments/studies/clamp_study.py re
 import report  # noqa: E402
 import runner  # noqa: E402
 import stat_tests  # noqa: E402
-from report import fmt, mean_se  # noqa: E402
+from report import fmt  # noqa: E402
 from suites import Config, arm_flags, lr_flags, one_real_suite  # noqa: E402
 
 from studies.second_study import HL, NO_ANCHOR, OFF  # noqa: E402
@@ -126,20 +126,14 @@ def study_runs(results, chosen):
     ]
 
 
-def anchors(rows, ctx):
-    """The clamp's and the ratio clip's share of tokens, averaged over training and on the largest step (a run
-    without the clamp: what it would have cut), and the share of steps without signal from the rewards."""
-    lines = ["", "The share of tokens the clamp acts on (outside [-1.5, 1.5]; an arm without it: what it would have"]
-    lines += ["cut) and the ratio clip binds on, averaged over training (mean ± standard error over seeds) and on the"]
-    lines += ["largest step of any seed; and the share of steps whose every group scored alike (no signal):", ""]
-    shown = []
-    for r in rows:
-        largest = lambda key: max((v for t in r["train"] for _, v in t[key]), default=np.nan)  # noqa: E731
-        no_signal = [np.mean([v == 1.0 for _, v in t["grpo/no_signal"]]) for t in r["train"]]
-        shown.append([r["config"], r["seeds"], fmt(r["clamped_frac"], 4), f"{largest('humanline/clamped_frac'):.4f}"])
-        shown[-1] += [fmt(r["clip_frac"], 4), f"{largest('clip_frac'):.4f}", fmt(mean_se(no_signal))]
-    columns = "clamped tokens | largest step's | clipped tokens | largest step's | steps without signal"
-    return lines + report.table(f"configuration | seeds | {columns}", shown)
+def clip(rows, ctx):
+    """The ratio clip's share of tokens, averaged over training and on the largest step (the clamp's: `signal`)."""
+    lines = ["", "The share of tokens the ratio clip binds on, averaged over training (mean ± standard error over"]
+    lines += ["seeds) and on the largest step of any seed:", ""]
+    shown = [
+        [r["config"], r["seeds"], fmt(r["clip_frac"], 4), f"{report.largest_step(r, 'clip_frac'):.4f}"] for r in rows
+    ]
+    return lines + report.table("configuration | seeds | clipped tokens | largest step's", shown)
 
 
 COLLAPSE_FALL = 0.20  # the plan's rule: a seed whose last evaluation is this far below its best has collapsed
@@ -215,7 +209,9 @@ def read(rows, ctx, out=READ):
 
 
 PLAN = 'The plan of these runs: docs/results.md, "The clamp study: the plan", committed before them.'
-STUDY = one_real_suite("addition", study_runs, ("long", "paired", "real", anchors, clamp_when, horizon, collapse), PLAN)
+STUDY = one_real_suite(
+    "addition", study_runs, ("long", "paired", "real", "signal", clip, clamp_when, horizon, collapse), PLAN
+)
 STUDY = replace(STUDY, sections=(*STUDY.sections, "phrasing", "answers", read), pairs=lambda names: PAIRS)
 SUITES["clamp"] = replace(STUDY, plot=lambda plt, rows, start: pilot_plot(plt, rows, start, "the clamp study", "test"))
 

@@ -43,20 +43,29 @@ def learned_frames(successes, start_answers):
     successes, start_answers: lists of (text, topic, asked word)."""
     held = Counter(g for s in successes for g in four_grams(*s))
     start = Counter(g for s in start_answers for g in four_grams(*s))
-    wins, answers = len(successes), len(start_answers)
-    return {g for g, n in held.items() if n / wins >= FRAME_SHARE and n / wins >= FRAME_LIFT * start[g] / answers}
+    return {
+        g
+        for g, n in held.items()
+        if n / len(successes) >= FRAME_SHARE and n / len(successes) >= FRAME_LIFT * start[g] / len(start_answers)
+    }
+
+
+REPEAT = re.compile(r"\b([a-z]+)\s+\1\b", re.IGNORECASE)  # "fluffy fluffy"
 
 
 def doubled_word(text):
     """A word joined to itself ("soft and soft", "small or small", "warm, and very warm") or said twice in a row."""
-    return DOUBLED.search(text) is not None or re.search(r"\b([a-z]+)\s+\1\b", text, re.IGNORECASE) is not None
+    return DOUBLED.search(text) is not None or REPEAT.search(text) is not None
+
+
+COPULA = {"is", "are", "was", "were"}
 
 
 def tautology(text, topic):
     """The topic's noun before the first "is/are/was/were" and again within the four words after it ("Snow is snow.",
     "The book is a blue book.", "Old river is a type of river that is not young.")."""
     ws = [w.removesuffix("'s") for w in smollm2.words(text)]
-    at = next((i for i, w in enumerate(ws) if w in {"is", "are", "was", "were"}), None)
+    at = next((i for i, w in enumerate(ws) if w in COPULA), None)
     forms = smollm2.noun_forms(topic)
     return at is not None and bool(forms & set(ws[:at])) and bool(forms & set(ws[at + 1 : at + 5]))
 
@@ -91,12 +100,15 @@ def stray_quote(text):
     return t.count('"') % 2 == 1 or t.count("“") != t.count("”") or closing
 
 
+SUBJECTS = {"it", "he", "she", "this", "that", "which", "who", "one"}  # pronouns a verb in -s may follow
+
+
 def no_verb(text, topic):
     """No finite verb anywhere: none of smollm2.FINITE's, no contraction ("it's"), no word in -ed, and no word in -s
     right after the topic's noun or a pronoun ("The river flows", "it glows"). A present-tense verb after a plural
     ("Birds sing") goes unseen: the blind read measures how often."""
     ws = smollm2.words(text)
-    subjects = smollm2.noun_forms(topic) | {"it", "he", "she", "this", "that", "which", "who", "one"}
+    subjects = smollm2.noun_forms(topic) | SUBJECTS  # the topic's noun, or a pronoun
     for i, w in enumerate(ws):
         if w in smollm2.FINITE or smollm2.CONTRACTED.search(w) or (len(w) > 4 and w.endswith("ed")):
             return False

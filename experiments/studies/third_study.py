@@ -69,7 +69,7 @@ def horizon(rows, ctx):
     return lines + table("configuration | seed | last | best | fall", shown)
 
 
-def horizon_plot(plt, rows, start, axes=None, title="the horizon", scored="validation"):
+def horizon_plot(plt, rows, start, axes=None, scored="validation"):
     """The horizon's curves: validation success and drift (the answers' perplexity under the starting model) at each
     evaluation, each seed a thin line and the arm's mean over seeds a thick one (on two given axes: another study's
     figure)."""
@@ -91,7 +91,7 @@ def horizon_plot(plt, rows, start, axes=None, title="the horizon", scored="valid
         ax.set_xlabel("optimizer step", fontsize=8)
     axes[0].legend(fontsize=7)
     if fig is not None:
-        fig.suptitle(f"{title}: each seed (thin) and the mean over seeds (thick) at each evaluation", fontsize=10)
+        fig.suptitle("the horizon: each seed (thin) and the mean over seeds (thick) at each evaluation", fontsize=10)
     return fig
 
 
