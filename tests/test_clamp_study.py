@@ -72,20 +72,16 @@ def test_the_plans_collapse_rule():
     assert "| k1 | 3 | 0 | does not collapse |" in table
 
 
-def test_the_clamp_studys_report_holds_its_tests_sections_and_plot(tmp_path):
-    """The whole report on finished runs made by hand (every arm, 3 seeds, test success every 32 steps): the four
-    planned comparisons paired in the plan's order, the curves on the test prompts, the collapse rule, the clamp's
-    shares (by sync window for the arms synced every 24 steps), success by phrasing (the test prompts hold the held-out
-    one), every run's answers; and its plot, where matplotlib is installed."""
+def report_on_fake_runs(results):
+    """The whole report on finished runs made by hand (every arm, 3 seeds, test success every 32 steps, the first two
+    arms clamping 1% of tokens): its table's text; its plot written where matplotlib is installed."""
     import json
 
-    import pytest
     import report
     import runner
     from test_experiments import fake_run
 
-    results, entry = str(tmp_path), studies.SUITES["clamp"]
-    configs = [c._replace(seeds=(0, 1, 2)) for c in entry.runs(results, {})]
+    configs = [c._replace(seeds=(0, 1, 2)) for c in studies.SUITES["clamp"].runs(results, {})]
     test = [json.loads(line) for line in open(os.path.join(runner.ROOT, "experiments/smollm2/addition/test.jsonl"))]
     answers = [dict(prompt=r["prompt"], completion=f"{r['answer']}", reward=1, finished=True) for r in test[:4]]
     for i, c in enumerate(configs):
@@ -93,7 +89,14 @@ def test_the_clamp_studys_report_holds_its_tests_sections_and_plot(tmp_path):
             curve = [(step, 0.5 + 0.01 * (i + seed) * (step == 192)) for step in range(32, 193, 32)]
             fake_run(results, "clamp", c.name, seed, curve, quality=True, answers=answers, clamped=0.01 * (i < 2))
     report.report(results, "clamp", configs)
-    table = open(os.path.join(results, "clamp.md")).read()
+    return open(os.path.join(results, "clamp.md")).read()
+
+
+def test_the_clamp_studys_report_holds_its_tests_and_sections(tmp_path):
+    """The four planned comparisons paired in the plan's order, the curves on the test prompts, the collapse rule, the
+    clamp's and the clip's shares (the clamp's by sync window for the arms synced every 24 steps), success by phrasing
+    (the test prompts hold the held-out one), every run's answers."""
+    table = report_on_fake_runs(str(tmp_path))
     tests = table.split("p (paired, Holm)")[1].split("\n\n")[0]
     order = [line.split(" | ")[0] for line in tests.splitlines()[2:]]
     assert order == [f"| {a} vs {b}" for a, b in cs.PAIRS]
@@ -103,8 +106,14 @@ def test_the_clamp_studys_report_holds_its_tests_sections_and_plot(tmp_path):
     assert "| configuration | seeds | clipped tokens | largest step's |" in table and "steps without signal" in table
     assert f"| {cs.ONLINE} | 24 |" not in table and f"| {cs.K1} | 24 |" not in table  # no window of 24 steps
     assert "held-out" in table.split("By phrasing")[1] and table.count(f"**{cs.PLAIN}, seed") == 3
+
+
+def test_the_clamp_studys_plot(tmp_path):
+    import pytest
+
     pytest.importorskip("matplotlib")
-    assert open(os.path.join(results, "clamp.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    report_on_fake_runs(str(tmp_path))
+    assert open(os.path.join(tmp_path, "clamp.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def read_rows(tmp_path, not_counted):
