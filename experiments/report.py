@@ -158,7 +158,7 @@ def long_table(rows, ctx):
         "clamp's range, rare: 0.1-1%, idle: < 0.1%).",
         "",
     ]
-    span = lambda lo, hi: "–" if math.isnan(lo) else f"{lo:.3f}-{hi:.3f}"  # noqa: E731 (the new seed's range)
+    span = lambda lo, hi: "–" if math.isnan(lo) else f"{lo:.3f} to {hi:.3f}"  # noqa: E731 (the new seed's range)
     cells = lambda r: [fmt(r["reward"]), span(*r["new_seed"]), fmt(r["accuracy"]), f"{rate_of(r['flags']):g}"]  # noqa: E731
     columns = "configuration | seeds | reward | new seed | accuracy | lr | regime"
     lines += table(columns, [[r["config"], r["seeds"], *cells(r), r["regime"]] for r in rows])
