@@ -20,6 +20,7 @@ import numpy as np
 
 EXPERIMENTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, EXPERIMENTS)  # `python experiments/studies/clamp_study.py read` from the root
+import plots  # noqa: E402
 import report  # noqa: E402
 import runner  # noqa: E402
 import stat_tests  # noqa: E402
@@ -55,16 +56,27 @@ SAME_NUMBERS = (
 )
 
 
+SMOOTH = 8  # the clamp's panel averages this many steps: a step's share swings too much to read arm by arm
+
+
 def pilot_plot(plt, rows, start, title="the clamp study's pilot: one seed a setting", scored="validation"):
-    """The horizon's two panels (success and drift every 32 steps) and a third: the share of tokens the clamp acts on
-    at each step, what the study is about (the sampling rounds start at steps 0, 64 and 128)."""
+    """The horizon's two panels (success and drift every 32 steps) and a third: the share of tokens the clamp acts on,
+    what the study is about, each arm's mean over seeds and 8 steps, on a log scale so that an arm at 1% shows beside
+    one at 10% (dotted: the sampling rounds' starts); the legend below all three."""
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.2))
     horizon_plot(plt, rows, start, axes=axes[:2], scored=scored)
     for i, r in enumerate(rows):
-        for run in r["train"]:
-            axes[2].plot(*zip(*run["humanline/clamped_frac"]), color=f"C{i}", lw=0.8)
-    axes[2].set_title("the clamp: share of tokens outside [-1.5, 1.5] at each step", fontsize=9)
+        steps, mean, _ = plots.mean_curve([run["humanline/clamped_frac"] for run in r["train"]])
+        w = min(SMOOTH, len(mean))  # a short run (the tests') averages all its steps
+        axes[2].plot(steps[w - 1 :], np.convolve(mean, np.ones(w) / w, "valid"), color=f"C{i}", lw=1.5)
+    for step in range(64, int(steps[-1]), 64):
+        axes[2].axvline(step, color="gray", ls=":", lw=0.8)
+    axes[2].set_yscale("symlog", linthresh=1e-3)
+    axes[2].set_ylim(bottom=0)
+    axes[2].set_title(f"the clamp: share of tokens outside [-1.5, 1.5], mean of {SMOOTH} steps", fontsize=9)
     axes[2].set_xlabel("optimizer step", fontsize=8)
+    axes[0].get_legend().remove()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8)
     fig.suptitle(title, fontsize=10)
     return fig
 
