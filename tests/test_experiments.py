@@ -136,7 +136,9 @@ def test_summary_and_significance_on_known_runs(tmp_path):
     )
     report.report(results, "main", configs)
     table = open(os.path.join(results, "main.md")).read()
-    assert "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.542 to 0.678 | 0.305 ± 0.005 | 5e-06 | clamp idle |" in table
+    assert (
+        "| dpo offline+humanline | 5 | 0.610 ± 0.010 | 0.542 to 0.678 | 0.305 ± 0.005 | 5e-06 | clamp idle |" in table
+    )
     assert (
         "| dpo offline+humanline | 20 ± 0 | 20 ± 0 | 0 ± 0 | 0.0000 ± 0.0000 | 1.000 ± 0.000 | – | – | – |" in table
     )  # time, diagnostics
