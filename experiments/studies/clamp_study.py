@@ -61,8 +61,8 @@ SMOOTH = 8  # the clamp's panel averages this many steps: a step's share swings 
 
 def pilot_plot(plt, rows, start, title="the clamp study's pilot: one seed a setting", scored="validation"):
     """The horizon's two panels (success and drift every 32 steps) and a third: the share of tokens the clamp acts on,
-    what the study is about, each arm's mean over seeds and 8 steps, on a log scale so that an arm at 1% shows beside
-    one at 10% (dotted: the sampling rounds' starts); the legend below all three."""
+    what the study is about, each arm's mean over seeds and SMOOTH steps, on a log scale so that an arm at 1% shows
+    beside one at 10% (dotted: the sampling rounds' starts); the legend below all three."""
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.2))
     horizon_plot(plt, rows, start, axes=axes[:2], scored=scored)
     for i, r in enumerate(rows):
