@@ -20,6 +20,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import typing
 from dataclasses import fields
 from unittest import mock
 
@@ -106,7 +107,10 @@ METHOD_FLAGS |= {"round_size", "reward_threshold"}  # GRPO's act only with --pai
 
 
 def test_the_flags_the_scripts_share_are_identical():
-    found = {s: {f.name: (f.type, f.default, f.metadata["help"]) for f in fields(MODULES[s].Args)} for s in SCRIPTS}
+    hints = {s: typing.get_type_hints(MODULES[s].Args) for s in SCRIPTS}  # the annotations: a parse rewrites f.type
+    found = {
+        s: {f.name: (hints[s][f.name], f.default, f.metadata["help"]) for f in fields(MODULES[s].Args)} for s in SCRIPTS
+    }
     shared = {n for a, b in [(0, 1), (0, 2), (1, 2)] for n in set(found[SCRIPTS[a]]) & set(found[SCRIPTS[b]])}
     assert len(shared - METHOD_FLAGS) >= 45  # those of plumbing.RunArgs, and the 27 the three Args declare alike
     for name in sorted(shared - METHOD_FLAGS):
